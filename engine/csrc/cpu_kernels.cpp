@@ -1,0 +1,348 @@
+// Fused CPU kernels for the engine's decode path.
+//
+// On a small model the per-op dispatch cost of eager PyTorch (about 5-30 us per op on this CPU) rivals the matmuls,
+// and attention over gathered K/V copies every cached block once more per layer. These kernels fuse the elementwise
+// work of a layer into a few calls and attend straight from the paged cache. Every kernel accumulates in
+// at::opmath_type (float for bf16/fp16/fp32, double for fp64) and rounds where transformers rounds.
+#include <torch/extension.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+using acc_t = at::opmath_type<T>;
+
+// Conversions written on the raw bits, so loops over them vectorise (c10's own bf16 cast branches on NaN).
+template <typename T>
+inline acc_t<T> ld(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+template <>
+inline float ld<c10::BFloat16>(c10::BFloat16 v) {
+  uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+template <typename T>
+inline T st(acc_t<T> v) {
+  return static_cast<T>(v);
+}
+template <>
+inline c10::BFloat16 st<c10::BFloat16>(float v) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return c10::BFloat16(static_cast<uint16_t>(u >> 16), c10::BFloat16::from_bits());
+}
+
+template <typename T>
+inline acc_t<T> rms_scale(const T* x, int64_t d, double eps) {
+  using A = acc_t<T>;
+  A ss = 0;
+_Pragma("omp simd reduction(+ : ss)")
+  for (int64_t i = 0; i < d; ++i) {
+    A v = ld(x[i]);
+    ss += v * v;
+  }
+  return A(1) / std::sqrt(ss / A(d) + A(eps));
+}
+
+// out = w * (x * rsqrt(mean(x^2) + eps)), the normalised value rounded to T before the weight, as transformers does.
+template <typename T>
+inline void rms_norm_row(const T* x, const T* w, T* out, int64_t d, double eps) {
+  using A = acc_t<T>;
+  A inv = rms_scale(x, d, eps);
+_Pragma("omp simd")
+  for (int64_t i = 0; i < d; ++i) {
+    T y = st<T>(ld(x[i]) * inv);
+    out[i] = st<T>(ld(y) * ld(w[i]));
+  }
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+}  // namespace
+
+// out[t] = rms_norm(x[t]) * w
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(x, "x");
+  auto out = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) rms_norm_row(xp + r * d, wp, op + r * d, d, eps);
+    });
+  });
+  return out;
+}
+
+// residual += x (rounded to the model dtype, like `h = h + x`), then returns rms_norm(residual) * w.
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  auto out = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* rp = residual.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        scalar_t* rr = rp + r * d;
+        const scalar_t* xr = xp + r * d;
+_Pragma("omp simd")
+        for (int64_t i = 0; i < d; ++i) rr[i] = st<scalar_t>(ld(rr[i]) + ld(xr[i]));
+        rms_norm_row(rr, wp, op + r * d, d, eps);
+      }
+    });
+  });
+  return out;
+}
+
+// qkv [T, (H + 2 Hkv) D] -> q [T, H, D]. Applies the optional per-head q/k RMSNorm and rotary embedding (half-split
+// layout, cos/sin [T, D] already gathered per position), and writes k and v into the paged caches at `slots`:
+// K into [num_blocks, Hkv, D, block_size], V into [num_blocks, block_size, Hkv, D].
+at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t num_heads,
+                          int64_t num_kv_heads, const c10::optional<at::Tensor>& q_norm,
+                          const c10::optional<at::Tensor>& k_norm, double eps) {
+  check_rows(qkv, "qkv");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t T = qkv.size(0), D = v_cache.size(-1), BS = v_cache.size(1), half = D / 2;
+  const int64_t H = num_heads, Hkv = num_kv_heads, width = (H + 2 * Hkv) * D;
+  TORCH_CHECK(qkv.size(1) == width, "qkv width does not match the head counts");
+  auto q_out = at::empty({T, H, D}, qkv.options());
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_and_cache", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* qp = qkv.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* snp = sin.data_ptr<scalar_t>();
+    const scalar_t* qn = q_norm ? q_norm->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* kn = k_norm ? k_norm->data_ptr<scalar_t>() : nullptr;
+    scalar_t* qo = q_out.data_ptr<scalar_t>();
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 4, [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> tmp(D), kbuf(D);
+      for (int64_t t = b; t < e; ++t) {
+        const scalar_t* row = qp + t * width;
+        const scalar_t* c = cp + t * D;
+        const scalar_t* s = snp + t * D;
+        auto rope = [&](const scalar_t* x, const scalar_t* norm_w, scalar_t* dst) {
+          if (norm_w) {
+            rms_norm_row(x, norm_w, tmp.data(), D, eps);
+            x = tmp.data();
+          }
+          for (int64_t i = 0; i < half; ++i)
+            dst[i] = st<scalar_t>(ld(x[i]) * ld(c[i]) - ld(x[i + half]) * ld(s[i]));
+          for (int64_t i = half; i < D; ++i)
+            dst[i] = st<scalar_t>(ld(x[i]) * ld(c[i]) + ld(x[i - half]) * ld(s[i]));
+        };
+        for (int64_t h = 0; h < H; ++h) rope(row + h * D, qn, qo + (t * H + h) * D);
+        const int64_t slot = sp[t];
+        const int64_t blk = slot / BS, off = slot % BS;
+        for (int64_t h = 0; h < Hkv; ++h) {
+          rope(row + (H + h) * D, kn, kbuf.data());
+          scalar_t* kd = kc + (blk * Hkv + h) * D * BS + off;
+          for (int64_t i = 0; i < D; ++i) kd[i * BS] = kbuf[i];
+          const scalar_t* v = row + (H + Hkv + h) * D;
+          scalar_t* vd = vc + (slot * Hkv + h) * D;
+          for (int64_t i = 0; i < D; ++i) vd[i] = v[i];
+        }
+      }
+    });
+  });
+  return q_out;
+}
+
+// exp for x <= 0 in a form the compiler vectorises (libm's is scalar here): 2^n * p(r) with a degree-7 polynomial,
+// relative error below 2e-7. fp64 keeps std::exp.
+inline float exp_nonpos(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693145751953125f - n * 1.42860682030941723e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+inline double exp_nonpos(double x) { return std::exp(x); }
+
+constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
+
+// Attention of short query segments straight from the paged cache.
+// q [T, H, D]: the queries of B sequences packed, sequence b owning rows cu_q[b] .. cu_q[b+1]-1, which sit at the
+// last positions of its ctx_len[b] cached tokens; query i of a segment sees keys 0 .. ctx_len - q_len + i.
+// K cache [num_blocks, Hkv, D, block_size] (keys transposed within a block, so scores accumulate across keys with no
+// horizontal sums); V cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]. block_size and D must be
+// multiples of 16. Returns [T, H * D].
+// One work item is a (sequence, KV head): it reads that head's K and V once for all G query heads and all queries.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& cu_q, const at::Tensor& ctx_len, const at::Tensor& block_tables,
+                           double scale) {
+  check_rows(q, "q");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t Hkv = k_cache.size(1), BS = k_cache.size(3), G = H / Hkv;
+  TORCH_CHECK(k_cache.size(2) == D && v_cache.size(1) == BS && v_cache.size(3) == D, "cache shapes do not match");
+  TORCH_CHECK(BS % kLanes == 0 && D % kLanes == 0, "block_size and head_dim must be multiples of 16");
+  const int64_t B = ctx_len.size(0), MB = block_tables.size(1);
+  auto out = at::empty({T, H * D}, q.options());
+  const int64_t* cq = cu_q.data_ptr<int64_t>();
+  const int64_t* cl = ctx_len.data_ptr<int64_t>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    const scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+      std::vector<A> qbuf, scores, acc, inv_sum, tile(D * BS);
+      std::vector<int64_t> limit;
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t b = w / Hkv, kh = w % Hkv;
+        const int64_t q0 = cq[b], qn = cq[b + 1] - q0, L = cl[b], rows = qn * G;
+        if (qn == 0) continue;
+        const int64_t nblocks = (L + BS - 1) / BS, Lp = nblocks * BS;
+        qbuf.resize(rows * D);
+        scores.resize(rows * Lp);
+        acc.assign(rows * D, A(0));
+        inv_sum.resize(rows);
+        limit.resize(rows);
+        for (int64_t i = 0; i < qn; ++i) {
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = i * G + g;
+            const scalar_t* src = qp + ((q0 + i) * H + kh * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
+            limit[r] = L - qn + i;  // last visible key
+          }
+        }
+        const int64_t* table = bt + b * MB;
+        // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
+        for (int64_t blk = 0; blk < nblocks; ++blk) {
+          const scalar_t* kt = kc + (table[blk] * Hkv + kh) * D * BS;
+          _Pragma("omp simd")
+          for (int64_t e = 0; e < D * BS; ++e) tile[e] = ld(kt[e]);
+          for (int64_t r = 0; r < rows; ++r) {
+            const A* qr = qbuf.data() + r * D;
+            for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
+              A s[kLanes] = {};
+              for (int64_t d = 0; d < D; ++d) {
+                const A qd = qr[d];
+                const A* kd = tile.data() + d * BS + j0;
+                _Pragma("omp simd")
+                for (int64_t j = 0; j < kLanes; ++j) s[j] += qd * kd[j];
+              }
+              std::memcpy(scores.data() + r * Lp + blk * BS + j0, s, sizeof(s));
+            }
+          }
+        }
+        // Softmax numerators over the visible keys (masked ones set to 0); 1/sum is applied to the output.
+        for (int64_t r = 0; r < rows; ++r) {
+          A* sr = scores.data() + r * Lp;
+          const int64_t n = limit[r] + 1;
+          A m = sr[0];
+          _Pragma("omp simd reduction(max : m)")
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
+          A sum = 0;
+          _Pragma("omp simd reduction(+ : sum)")
+          for (int64_t j = 0; j < n; ++j) {
+            sr[j] = exp_nonpos(sr[j] - m);
+            sum += sr[j];
+          }
+          for (int64_t j = n; j < Lp; ++j) sr[j] = A(0);
+          inv_sum[r] = A(1) / sum;
+        }
+        // Output: acc[r] += sum_j p[r, j] V[j], a block of values at a time, 16 dims per register.
+        for (int64_t blk = 0; blk < nblocks; ++blk) {
+          const scalar_t* vb = vc + (table[blk] * BS * Hkv + kh) * D;
+          for (int64_t j = 0; j < BS; ++j) {
+            _Pragma("omp simd")
+            for (int64_t d = 0; d < D; ++d) tile[j * D + d] = ld(vb[j * Hkv * D + d]);
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const A* pr = scores.data() + r * Lp + blk * BS;
+            for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+              A a[kLanes];
+              std::memcpy(a, acc.data() + r * D + d0, sizeof(a));
+              for (int64_t j = 0; j < BS; ++j) {
+                const A p = pr[j];
+                const A* vj = tile.data() + j * D + d0;
+                _Pragma("omp simd")
+                for (int64_t d = 0; d < kLanes; ++d) a[d] += p * vj[d];
+              }
+              std::memcpy(acc.data() + r * D + d0, a, sizeof(a));
+            }
+          }
+        }
+        for (int64_t i = 0; i < qn; ++i) {
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = i * G + g;
+            scalar_t* dst = op + (q0 + i) * H * D + (kh * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) dst[d] = st<scalar_t>(acc[r * D + d] * inv_sum[r]);
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Row-wise argmax (first index of the maximum), as torch.argmax, which is slow on the CPU: a vectorised max, then a
+// scan for its first occurrence.
+at::Tensor argmax_rows(const at::Tensor& x) {
+  check_rows(x, "x");
+  const int64_t V = x.size(-1), rows = x.numel() / V;
+  auto out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "argmax_rows", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const scalar_t* row = xp + r * V;
+        A m = ld(row[0]);
+        _Pragma("omp simd reduction(max : m)")
+        for (int64_t i = 0; i < V; ++i) m = std::max(m, ld(row[i]));
+        int64_t idx = 0;
+        while (idx < V && ld(row[idx]) != m) ++idx;
+        op[r] = idx < V ? idx : 0;  // all-NaN rows
+      }
+    });
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("add_rms_norm", &add_rms_norm);
+  m.def("argmax_rows", &argmax_rows);
+  m.def("rope_and_cache", &rope_and_cache);
+  m.def("paged_attention", &paged_attention);
+}

@@ -1,0 +1,92 @@
+"""Fused ops of the decode path: C++ kernels on the CPU (engine/csrc), plain PyTorch elsewhere.
+
+The kernels are compiled on first use with torch's JIT extension builder and cached in TORCH_EXTENSIONS_DIR. Set
+DSPARK_KERNELS=torch to use the PyTorch versions everywhere (also the fallback when no compiler is present).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+_SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
+_kernels = None
+_loaded = False
+
+
+def cpu_kernels():
+    """The compiled kernel module, or None where it is disabled or cannot be built."""
+    global _kernels, _loaded
+    if not _loaded:
+        _loaded = True
+        if os.environ.get("DSPARK_KERNELS", "auto") != "torch":
+            try:
+                from torch.utils.cpp_extension import load
+
+                _kernels = load(name="dspark_cpu_kernels", sources=[str(_SOURCE)],
+                                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+            except Exception as exc:  # no compiler, no ninja: keep serving on the PyTorch path
+                log.warning("CPU kernels unavailable, using PyTorch ops: %s", exc)
+    return _kernels
+
+
+class Ops:
+    """Picks an implementation once per engine: `Ops(device)`. Both implementations have the same semantics."""
+
+    def __init__(self, device: torch.device, block_size: int = 16, head_dim: int = 64):
+        # The attention kernel works on 16-wide register tiles of keys and head dims.
+        usable = device.type == "cpu" and block_size % 16 == 0 and head_dim % 16 == 0
+        self.k = cpu_kernels() if usable else None
+
+    @property
+    def fused(self) -> bool:
+        return self.k is not None
+
+    def rms_norm(self, x, w, eps):
+        if self.k is not None:
+            return self.k.rms_norm(x, w, eps)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    def add_rms_norm(self, x, residual, w, eps):
+        """residual += x in place; returns rms_norm(residual)."""
+        if self.k is not None:
+            return self.k.add_rms_norm(x, residual, w, eps)
+        residual.add_(x)
+        return F.rms_norm(residual, (residual.shape[-1],), w, eps)
+
+    @staticmethod
+    def silu_mul(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)  # ATen's vectorised silu beats a scalar-exp fused loop here
+        return F.silu(gate) * up
+
+    def argmax(self, x):
+        """Row-wise argmax; torch.argmax is several times slower than a plain max on the CPU."""
+        if self.k is not None and x.is_contiguous():
+            return self.k.argmax_rows(x)
+        return x.argmax(dim=-1)
+
+    def rope_and_cache(self, qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads, q_norm, k_norm, eps):
+        """Returns q [T, H, D] after the optional q/k norm and RoPE; writes k and v into the caches."""
+        if self.k is not None:
+            return self.k.rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads,
+                                         q_norm, k_norm, eps)
+        T, D = qkv.shape[0], k_cache.shape[-1]
+        q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+        q, k, v = q.view(T, num_heads, D), k.view(T, num_kv_heads, D), v.view(T, num_kv_heads, D)
+        if q_norm is not None:
+            q, k = F.rms_norm(q, (D,), q_norm, eps), F.rms_norm(k, (D,), k_norm, eps)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        k_cache.view(-1, num_kv_heads, D).index_copy_(0, slots, k)
+        v_cache.view(-1, num_kv_heads, D).index_copy_(0, slots, v)
+        return q
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

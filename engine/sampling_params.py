@@ -1,0 +1,70 @@
+"""Per-request sampling parameters, validated on construction."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    # Speculation mode for this request: None (engine default), "off", "fixed:K", "threshold:C", "adaptive".
+    speculation: str | None = None
+    # Optional per-token latency target (seconds); caps this request's verify length.
+    target_tpot_s: float | None = None
+    _stop: list[str] = field(init=False, repr=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (-1, 0)):
+            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        if self.top_k == 0:
+            self.top_k = -1
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        self._stop = stop
+        ids = list(self.stop_token_ids or [])
+        if any(not _is_int(t) or t < 0 for t in ids):
+            raise ValueError("stop_token_ids must be non-negative integers")
+        self.stop_token_ids = ids
+        if self.target_tpot_s is not None and not (
+            isinstance(self.target_tpot_s, (int, float)) and math.isfinite(self.target_tpot_s) and self.target_tpot_s > 0
+        ):
+            raise ValueError(f"target_tpot_s must be a positive number, got {self.target_tpot_s!r}")
+        if self.speculation is not None:
+            from engine.spec_mode import parse_speculation
+
+            parse_speculation(self.speculation)  # raises ValueError on a bad mode
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self._stop
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

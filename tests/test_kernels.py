@@ -1,0 +1,115 @@
+"""The fused CPU kernels against plain PyTorch math."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import build_metadata, paged_attention
+from engine.ops import Ops, cpu_kernels
+
+pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="CPU kernels could not be built")
+
+DTYPES = [torch.float64, torch.float32, torch.bfloat16]
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def close(a, b, dtype):
+    torch.testing.assert_close(a.double(), b.double(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def ref_rms(x, w, eps):
+    xf = x.double()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype).double() * w.double()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_and_add(dtype):
+    ops = Ops(torch.device("cpu"))
+    x, r, w = torch.randn(37, 96, dtype=dtype), torch.randn(37, 96, dtype=dtype), torch.randn(96, dtype=dtype)
+    close(ops.rms_norm(x, w, 1e-5), ref_rms(x, w, 1e-5), dtype)
+    want_res = (r.double() + x.double()).to(dtype)
+    out = ops.add_rms_norm(x, r, w, 1e-6)
+    close(r, want_res, dtype)
+    close(out, ref_rms(want_res, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_and_cache_matches_torch_path(dtype, qk_norm):
+    torch.manual_seed(0)
+    T, H, Hkv, D, bs, nblocks = 11, 6, 2, 32, 16, 8
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, dtype=dtype)
+    angles = torch.rand(T, D) * 6.3
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    slots = torch.tensor(random.Random(0).sample(range(nblocks * bs), T))
+    qn, kn = (torch.randn(D, dtype=dtype), torch.randn(D, dtype=dtype)) if qk_norm else (None, None)
+    fused, plain = Ops(torch.device("cpu")), Ops(torch.device("cpu"))
+    plain.k = None
+    kc_t, vc = torch.zeros(nblocks, Hkv, D, bs, dtype=dtype), torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
+    kc_ref, vc_ref = torch.zeros(nblocks, bs, Hkv, D, dtype=dtype), torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
+    q = fused.rope_and_cache(qkv, cos, sin, slots, kc_t, vc, H, Hkv, qn, kn, 1e-6)
+    q_ref = plain.rope_and_cache(qkv, cos, sin, slots, kc_ref, vc_ref, H, Hkv, qn, kn, 1e-6)
+    close(q, q_ref, dtype)
+    close(kc_t.permute(0, 3, 1, 2), kc_ref, dtype)  # the kernel keeps keys transposed within a block
+    assert torch.equal(vc, vc_ref)
+
+
+def reference_attention(q, keys, values, q_lens, ctx_lens, scale):
+    """Plain softmax attention per sequence with an explicit causal offset; keys/values: per sequence [L, Hkv, D]."""
+    outs, row = [], 0
+    for n, L, k, v in zip(q_lens, ctx_lens, keys, values):
+        qs = q[row: row + n].double()  # [n, H, D]
+        G = qs.shape[1] // k.shape[1]
+        kk = k.double().repeat_interleave(G, dim=1)  # [L, H, D]
+        vv = v.double().repeat_interleave(G, dim=1)
+        s = torch.einsum("nhd,lhd->hnl", qs, kk) * scale
+        mask = torch.arange(L)[None, :] <= (L - n + torch.arange(n))[:, None]
+        p = s.masked_fill(~mask, float("-inf")).softmax(-1)
+        outs.append(torch.einsum("hnl,lhd->nhd", p, vv).reshape(n, -1))
+        row += n
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_paged_attention_mixed_batch(dtype, fused):
+    """Decodes, verify segments and prefill chunks (fresh and continued) in one batch, scattered blocks."""
+    torch.manual_seed(1)
+    rng = random.Random(1)
+    H, Hkv, D, bs, nblocks = 6, 2, 32, 16, 64
+    specs = [(1, 40), (1, 1), (5, 70), (8, 8), (16, 33), (30, 30), (24, 100)]  # (q_len, ctx_len incl. new tokens)
+    free = list(range(nblocks))
+    rng.shuffle(free)
+    tables, keys, values = [], [], []
+    kc = torch.zeros(nblocks, Hkv, D, bs, dtype=dtype) if fused else torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
+    vc = torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
+    for q_len, L in specs:
+        table = [free.pop() for _ in range(-(-L // bs))]
+        k, v = torch.randn(L, Hkv, D, dtype=dtype), torch.randn(L, Hkv, D, dtype=dtype)
+        for pos in range(L):
+            blk, off = table[pos // bs], pos % bs
+            vc[blk, off] = v[pos]
+            if fused:
+                kc[blk, :, :, off] = k[pos]
+            else:
+                kc[blk, off] = k[pos]
+        tables.append(table)
+        keys.append(k)
+        values.append(v)
+    meta = build_metadata([(n, L - n, t) for (n, L), t in zip(specs, tables)], bs, H // Hkv, torch.device("cpu"),
+                          fused=fused)
+    T = sum(n for n, _ in specs)
+    q = torch.randn(T, H, D, dtype=dtype)
+    out = paged_attention(q, kc, vc, meta, 0.3, cpu_kernels())
+    want = reference_attention(q, keys, values, [n for n, _ in specs], [L for _, L in specs], 0.3)
+    close(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_rows_equals_torch(dtype):
+    x = torch.randn(9, 5000, dtype=dtype)
+    x[3, 17] = x[3, 4000] = x[3].max() + 1  # ties resolve to the first index, as torch does
+    assert torch.equal(Ops(torch.device("cpu")).argmax(x), x.argmax(dim=-1))
