@@ -43,6 +43,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
+    logprobs: list[dict[int, float]] | None = None  # per output token so far (the sequence's live list)
 
 
 @dataclass
@@ -132,6 +133,8 @@ class LLMEngine:
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
             generator=None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed),
         )
+        if params.logprobs is not None:
+            seq.logprobs = []
         if self.tap_layers:
             seq.taps = TapBuffer(len(self.tap_layers) * self.model.hidden_size, self.dtype, self.device)
         self.requests[request_id] = seq
@@ -218,12 +221,29 @@ class LLMEngine:
             seq.num_computed_tokens += s.num_new_tokens
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_new_tokens
+        if any(s.seq.params.logprobs is not None for s in sampling):
+            self._record_logprobs(out.logits, [s.seq for s in sampling], tokens)
         for s, token in zip(sampling, tokens):
             self._append_token(s.seq, token)
             touched.append(s.seq)
         self.counters.steps += 1
         self.counters.step_time_s += time.perf_counter() - t0
         return [self._output(seq) for seq in touched]
+
+    @staticmethod
+    def _record_logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Top-k log-probabilities of the raw model distribution at each sampled row, plus the sampled token's."""
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        k = max(seqs[i].params.logprobs for i in rows)
+        lp = torch.log_softmax(logits[rows].float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        for j, i in enumerate(rows):
+            n = seqs[i].params.logprobs
+            entry = dict(zip(top_i[j][:n], top_v[j][:n]))
+            entry[tokens[i]] = chosen[j]
+            seqs[i].logprobs.append(entry)
 
     def _append_token(self, seq: Sequence, token: int) -> bool:
         """Append one output token and apply the stop rules; True if the sequence finished."""
@@ -267,6 +287,7 @@ class LLMEngine:
             finished=seq.finished,
             finish_reason=seq.finish_reason,
             metrics=self._metrics(seq),
+            logprobs=seq.logprobs,
         )
 
     def _metrics(self, seq: Sequence) -> dict:

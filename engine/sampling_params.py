@@ -5,6 +5,9 @@ import math
 from dataclasses import dataclass, field
 
 
+MAX_LOGPROBS = 64
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.0
@@ -15,6 +18,8 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # Return the top-`logprobs` log-probabilities (of the unmodified model distribution) for every output token.
+    logprobs: int | None = None
     # Speculation mode for this request: None (engine default), "off", "fixed:K", "threshold:C", "adaptive".
     speculation: str | None = None
     # Optional per-token latency target (seconds); caps this request's verify length.
@@ -48,6 +53,8 @@ class SamplingParams:
         if any(not _is_int(t) or t < 0 for t in ids):
             raise ValueError("stop_token_ids must be non-negative integers")
         self.stop_token_ids = ids
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.target_tpot_s is not None and not (
             isinstance(self.target_tpot_s, (int, float)) and math.isfinite(self.target_tpot_s) and self.target_tpot_s > 0
         ):

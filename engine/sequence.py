@@ -55,6 +55,7 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     taps: TapBuffer | None = None
+    logprobs: list[dict[int, float]] | None = None  # per output token, when params.logprobs is set
     # Streaming bookkeeping.
     num_emitted_tokens: int = 0
     text: str = ""

@@ -270,3 +270,24 @@ def test_default_model_greedy_matches_generate(default_model_dir):
     outs = llm.generate(prompts, SamplingParams(max_tokens=40))
     assert [o.token_ids for o in outs] == ref
     assert "Paris" in outs[0].text
+
+
+def test_logprobs_match_transformers(tiny_engine, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    prompt = random_prompts(1, 49152, lo=8, hi=8, seed=13)[0]
+    tiny_engine.add_request("lp", prompt, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=5))
+    outs = []
+    while tiny_engine.has_unfinished_requests():
+        outs += tiny_engine.step()
+    final = outs[-1]
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        logits = ref(torch.tensor([prompt + final.token_ids])).logits[0]
+    for t, entry in enumerate(final.logprobs):
+        lp = torch.log_softmax(logits[len(prompt) - 1 + t], -1)
+        top = lp.topk(5)
+        assert list(entry)[:5] == top.indices.tolist()
+        assert final.token_ids[t] in entry
+        for tok, v in entry.items():
+            assert abs(v - lp[tok].item()) < 1e-4

@@ -1,0 +1,333 @@
+"""DSpark drafter: parallel Qwen3-style backbone + Markov sequential head + confidence head.
+
+Module and parameter names mirror DeepSpec's Qwen3DSparkModel so that
+`state_dict()` keys are exactly the checkpoint tensor names
+(fc, hidden_norm, layers.N.self_attn.*, layers.N.mlp.*, norm, markov_head.*,
+confidence_head.proj, embed_tokens, lm_head).
+
+The model itself is stateless: per-sequence context K/V lives in
+`context.DraftContextPool`, which calls `context_kv` on append and
+`block_hidden` + `decode` on propose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DSparkConfig
+
+
+@dataclass
+class DraftProposal:
+    tokens: torch.Tensor  # [B, gamma] int64 target-vocab ids
+    probs: torch.Tensor  # [B, gamma, vocab] p_d, the Markov-corrected distributions sampled from
+    token_probs: torch.Tensor  # [B, gamma] p_d(chosen token)
+    confidence: torch.Tensor | None  # [B, gamma] c_k in (0,1); None without a confidence head
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same op order as HF Qwen3RMSNorm: normalise in >= fp32, cast back, then scale.
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    # HF "default" rope, computed in fp32 exactly as transformers does.
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., n, heads, hd]; cos/sin [..., n, hd/2] (half tables, rotate-half convention)."""
+    cos = cos.to(x.dtype).unsqueeze(-2)
+    sin = sin.to(x.dtype).unsqueeze(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DSparkConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, d, bias=bias)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd]."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.n_kv, self.hd)))
+        v = self.v_proj(x).unflatten(-1, (self.n_kv, self.hd))
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+        """x [B,G,d] block; ctx_k/v [B,T,n_kv,hd] stored context; mask [B,1,1,T+G] bool."""
+        B, G, _ = x.shape
+        q = apply_rope(self.q_norm(self.q_proj(x).unflatten(-1, (self.n_heads, self.hd))), cos, sin)
+        k, v = self.kv(x, cos, sin)
+        # Block K/V are only concatenated for this call; they never enter the context.
+        k = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+G, hd]
+        v = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
+        # GQA without repeating K/V: fold each kv-group's query heads into the query axis.
+        grp = self.n_heads // self.n_kv
+        q = q.view(B, G, self.n_kv, grp, self.hd).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, grp * G, self.hd)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd**-0.5)
+        o = o.view(B, self.n_kv, grp, G, self.hd).permute(0, 3, 1, 2, 4).reshape(B, G, -1)
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DSparkConfig):
+        super().__init__()
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DSparkConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MarkovHead(nn.Module):
+    """Transition bias B_k added to the base logits U_k (DeepSpec markov_head.py).
+
+    vanilla: B = W2(W1[x_{k-1}])
+    gated:   B = W2(sigmoid(gate_proj([h_k; W1[x_{k-1}]])) * W1[x_{k-1}])
+    rnn:     s_k = g*s_{k-1} + (1-g)*tanh(c), B = W2(tanh(o)),
+             [g;c;o] = joint_proj([s_{k-1}; W1[x_{k-1}]; h_k]), s_0 = 0
+    W1 is indexed by target-vocab ids (x_0 is the anchor); W2 rows are the draft vocabulary.
+    """
+
+    def __init__(self, cfg: DSparkConfig):
+        super().__init__()
+        r, d = cfg.markov_rank, cfg.hidden_size
+        self.kind = cfg.markov_head_type
+        self.markov_w1 = nn.Embedding(cfg.vocab_size, r)
+        self.markov_w2 = nn.Linear(r, cfg.out_vocab_size, bias=False)
+        if self.kind == "gated":
+            self.gate_proj = nn.Linear(d + r, r)
+        elif self.kind == "rnn":
+            self.joint_proj = nn.Linear(2 * r + d, 3 * r)
+
+    def step(self, prev_ids, h, state):
+        """prev_ids [B], h [B,d] -> (bias [B, out_vocab], new rnn state or None)."""
+        e = self.markov_w1(prev_ids)
+        if self.kind == "gated":
+            e = torch.sigmoid(self.gate_proj(torch.cat((h, e), -1))) * e
+        elif self.kind == "rnn":
+            if state is None:
+                state = torch.zeros_like(e)
+            g, c, o = self.joint_proj(torch.cat((state, e, h), -1)).chunk(3, -1)
+            g = torch.sigmoid(g)
+            state = g * state + (1.0 - g) * torch.tanh(c)
+            e = torch.tanh(o)
+        return self.markov_w2(e), state
+
+
+class ConfidenceHead(nn.Module):
+    """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) (or proj(h_k) without the Markov feature)."""
+
+    def __init__(self, in_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(in_dim, 1)
+
+    def forward(self, feats):
+        return self.proj(feats).squeeze(-1)
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, config: DSparkConfig, draft_vocab: torch.Tensor | None = None):
+        super().__init__()
+        cfg = self.config = config
+        d = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
+        self.fc = nn.Linear(cfg.num_taps * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(d, cfg.out_vocab_size, bias=False)
+        self.markov_head = MarkovHead(cfg) if cfg.markov_rank > 0 else None
+        self.confidence_head = None
+        if cfg.enable_confidence_head:
+            self.confidence_head = ConfidenceHead(d + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
+        # Optional truncated draft vocabulary: draft index -> target id.
+        if cfg.draft_vocab_size:
+            if draft_vocab is None:
+                draft_vocab = torch.arange(cfg.draft_vocab_size)
+            assert draft_vocab.shape == (cfg.draft_vocab_size,)
+            self.register_buffer("draft_vocab", draft_vocab.long())
+        else:
+            self.draft_vocab = None
+        self._rope: dict = {}  # device -> (cos, sin) half tables, built lazily in fp32
+        # Sequential Temperature Scaling of the confidence logits, one temperature per block position
+        # (draft_service/calibrate.py); None = uncalibrated.
+        self.conf_temperatures: torch.Tensor | None = None
+
+    # -- init / misc -----------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> "DSparkDrafter":
+        """DeepSpec/HF init: Linear & Embedding ~ N(0, initializer_range), biases 0, norms 1.
+        (DeepSpec does not zero-init markov_w2.)"""
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, std, generator=generator)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def gamma(self) -> int:
+        return self.config.block_size
+
+    @property
+    def prob_dtype(self) -> torch.dtype:
+        # p_d in at least fp32 (fp64 when the model runs in fp64).
+        return torch.promote_types(self.dtype, torch.float32)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Half-width cos/sin [..., hd/2] for absolute positions, from a precomputed fp32 table."""
+        tab = self._rope.get(positions.device)
+        if tab is None:
+            inv = rope_inv_freq(self.config.head_dim, self.config.rope_theta).to(positions.device)
+            pos = torch.arange(self.config.max_position_embeddings, device=positions.device, dtype=torch.float)
+            freqs = pos[:, None] * inv[None, :]
+            tab = self._rope[positions.device] = (freqs.cos(), freqs.sin())
+        return tab[0][positions], tab[1][positions]
+
+    # -- context ---------------------------------------------------------------
+    @torch.no_grad()
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Raw target taps [n, n_taps*d] at absolute positions [n] -> per-layer K/V [n, L, 2, n_kv, hd].
+
+        The context feature hidden_norm(fc(taps)) is shared by all layers and goes straight into
+        each layer's k_proj/v_proj (no input_layernorm), K gets k_norm then rope at its position.
+        """
+        ctx = self.hidden_norm(self.fc(taps.to(self.dtype)))
+        cos, sin = self.rope(positions)
+        kvs = [torch.stack(layer.self_attn.kv(ctx, cos, sin), dim=1) for layer in self.layers]
+        return torch.stack(kvs, dim=1)
+
+    # -- block -----------------------------------------------------------------
+    @torch.no_grad()
+    def block_hidden(self, ctx_kv, ctx_valid, anchor_ids, anchor_pos) -> torch.Tensor:
+        """One backbone pass for B blocks [anchor, mask x (gamma-1)] at positions anchor_pos + j.
+
+        ctx_kv [B,T,L,2,n_kv,hd] (padded), ctx_valid [B,T] bool, anchor_ids/anchor_pos [B].
+        Returns the final-normed hidden states h [B, gamma, d]; h_j predicts anchor_pos + j + 1.
+        Block queries see every valid context token and the whole block (non-causal).
+        """
+        B, G = anchor_ids.shape[0], self.gamma
+        ids = torch.full((B, G), self.config.mask_token_id, dtype=torch.long, device=anchor_ids.device)
+        ids[:, 0] = anchor_ids
+        x = self.embed_tokens(ids)
+        cos, sin = self.rope(anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device))
+        mask = torch.cat((ctx_valid, ctx_valid.new_ones(B, G)), dim=1)[:, None, None, :]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, ctx_kv[:, :, i, 0], ctx_kv[:, :, i, 1], mask)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def decode(self, h, anchor_ids, temperature=None, uniforms=None) -> DraftProposal:
+        """Left-to-right Markov decoding over the block hidden states h [B,G,d].
+
+        temperature [B] (0 = greedy) and uniforms [B,G] in [0,1) drive sampling; both None = all greedy.
+        p_d[k] = softmax((U_k + B_k) / T) for sampled rows and softmax(U_k + B_k) for greedy rows,
+        where greedy rows take argmax (so argmax p_d == draft token).
+        """
+        B, G, _ = h.shape
+        pdt = self.prob_dtype
+        # Base logits U for all positions in one lm_head pass; the loop adds B_k in place.
+        logits = self.lm_head(h).to(pdt)  # [B, G, V_out]
+        V = logits.shape[-1]
+        sampling = temperature is not None and uniforms is not None
+        if sampling:
+            greedy = temperature <= 1e-5
+            inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp_min(1e-5)).to(pdt)[:, None]
+            probs = torch.empty(B, G, V, dtype=pdt, device=h.device)
+        local = torch.empty(B, G, dtype=torch.long, device=h.device)  # draft-vocab indices
+        prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
+        prev, state = anchor_ids, None
+        for k in range(G):
+            lk = logits[:, k]
+            if self.markov_head is not None:
+                bias, state = self.markov_head.step(prev, h[:, k], state)
+                lk += bias
+            nxt = lk.argmax(-1)
+            if sampling:
+                pk = probs[:, k] = torch.softmax(lk * inv_t, -1)
+                cdf = pk.cumsum(-1)
+                u = (uniforms[:, k].to(pdt) * cdf[:, -1])[:, None]
+                drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(V - 1)
+                nxt = torch.where(greedy, nxt, drawn)
+            local[:, k] = nxt
+            prev_all[:, k] = prev
+            prev = nxt if self.draft_vocab is None else self.draft_vocab[nxt]
+        if not sampling:
+            probs = torch.softmax(logits, -1)
+        token_probs = probs.gather(-1, local[..., None]).squeeze(-1)
+        tokens = local
+        if self.draft_vocab is not None:
+            tokens = self.draft_vocab[local]
+            full = torch.zeros(B, G, self.config.vocab_size, dtype=pdt, device=h.device)
+            probs = full.scatter_(-1, self.draft_vocab.expand(B, G, V), probs)
+        conf = None
+        if self.confidence_head is not None:
+            feats = h
+            if self.config.confidence_head_with_markov:
+                feats = torch.cat((h, self.markov_head.markov_w1(prev_all).to(h.dtype)), -1)
+            logit = self.confidence_head(feats).to(pdt)
+            if self.conf_temperatures is not None:
+                logit = logit / self.conf_temperatures.to(device=logit.device, dtype=pdt)
+            conf = torch.sigmoid(logit)
+        return DraftProposal(tokens=tokens, probs=probs, token_probs=token_probs, confidence=conf)
+
+    # -- checkpoints (see checkpoint.py) ---------------------------------------
+    @classmethod
+    def from_pretrained(cls, path, *, target_embed=None, target_lm_head=None, dtype=None, device=None):
+        from .checkpoint import load_drafter
+
+        return load_drafter(path, target_embed=target_embed, target_lm_head=target_lm_head,
+                            dtype=dtype, device=device)
+
+    def save_pretrained(self, path, include_embeddings: bool = False, dtype: torch.dtype | None = None) -> None:
+        from .checkpoint import save_drafter
+
+        save_drafter(self, path, include_embeddings=include_embeddings, dtype=dtype)

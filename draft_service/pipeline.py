@@ -1,0 +1,100 @@
+"""`dspark train-drafter` and `dspark calibrate`: data -> training -> calibration -> a drafter folder."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draft_service.calibrate import fit_sts, save_calibration, stack_records
+from draft_service.data import Cache, generate_cache
+from draft_service.train import TrainConfig, evaluate, local_index, train
+
+log = logging.getLogger(__name__)
+DEFAULT_TAPS = [1, 8, 15, 22, 28]  # SmolLM2-135M (30 layers): spread over depth, never the last layer
+CALIBRATION_EVERY = 25  # every 25th training answer is kept out of training and used to fit STS
+
+
+def load_prompt_file(name: str) -> list[dict]:
+    path = Path(name)
+    if not path.exists():
+        from draft_service.prompts import load_prompts
+
+        return load_prompts(name)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: str, temperatures: list[float],
+                  max_tokens: int, tap_layers: list[int], tc: TrainConfig, release_dtype=torch.bfloat16,
+                  max_prompts: int | None = None) -> Path:
+    """Generate (or reuse) the caches, train (or resume), calibrate, and write out/drafter. Returns that folder."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import EngineConfig, LLMEngine
+    from engine.loader import resolve_model
+
+    out = Path(out)
+    caches = {"train": out / "cache" / "train", "heldout": out / "cache" / "heldout"}
+    jobs = {"train": (load_prompt_file(prompts), temperatures), "heldout": (load_prompt_file(eval_prompts), [0.0])}
+    engine = None
+    for split, (items, temps) in jobs.items():
+        items = items[:max_prompts] if max_prompts else items
+        done = {s.id for s in Cache(caches[split]).samples} if (caches[split] / "meta.json").exists() else set()
+        if len(done) < len(items) * len(temps):
+            engine = engine or LLMEngine(EngineConfig(model=model, tap_layers=tap_layers, max_num_seqs=64))
+            generate_cache(engine, items, caches[split], temperatures=temps, max_tokens=max_tokens)
+    del engine
+
+    path = resolve_model(model)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eos = target.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    train_cache, heldout = Cache(caches["train"]), Cache(caches["heldout"])
+    calib_samples = train_cache.samples[::CALIBRATION_EVERY]
+    train_cache.samples = [s for i, s in enumerate(train_cache.samples) if i % CALIBRATION_EVERY]
+    drafter = train(target, train_cache, heldout, out, tc, tap_layers, eos, log=log.info)
+
+    to_local = local_index(drafter)
+    # STS on the calibration answers (all temperatures: they are contexts the drafter meets in service).
+    z, y, v = stack_records(evaluate(drafter, train_cache, calib_samples, to_local)["records"])
+    calibration = fit_sts(z, y, v)
+    report = evaluate(drafter, heldout, [s for s in heldout.samples if s.temperature == 0.0], to_local,
+                      max_anchors=10**6)
+    zh, yh, vh = stack_records(report.pop("records"))
+    from draft_service.calibrate import survival_ece
+
+    calibration["heldout_ece_before"] = survival_ece(zh, yh, vh, np.ones(zh.shape[1]))
+    calibration["heldout_ece_after"] = survival_ece(zh, yh, vh, np.array(calibration["temperatures"]))
+    final = out / "drafter"
+    drafter.save_pretrained(final, include_embeddings=False, dtype=release_dtype)
+    save_calibration(final, calibration)
+    summary = {"heldout_tau": report["tau"], "heldout_accept_by_pos": report["accept_rate_by_pos"],
+               "heldout_anchors": report["anchors"], "train_config": asdict(tc), "tap_layers": tap_layers,
+               "train_answers": len(train_cache.samples), "calibration_answers": len(calib_samples),
+               "calibration": calibration}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.info("held-out greedy tau %.3f over %d anchors", report["tau"], report["anchors"])
+    return final
+
+
+def calibrate(drafter_dir: Path, cache_dir: Path, model: str | None = None) -> dict:
+    """Fit STS for an existing drafter on a cache of the target's answers; write calibration.json beside it."""
+    from transformers import AutoModelForCausalLM
+
+    from draft_service.model import DSparkDrafter
+    from engine.loader import resolve_model
+
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32).eval()
+    drafter = DSparkDrafter.from_pretrained(drafter_dir, target_embed=target.get_input_embeddings().weight,
+                                            target_lm_head=target.get_output_embeddings().weight,
+                                            dtype=torch.float32)
+    drafter.conf_temperatures = None  # fit from the raw logits
+    cache = Cache(cache_dir)
+    to_local = local_index(drafter)
+    z, y, v = stack_records(evaluate(drafter, cache, cache.samples, to_local)["records"])
+    result = fit_sts(z, y, v)
+    save_calibration(drafter_dir, result)
+    return result

@@ -1,0 +1,456 @@
+"""DSpark drafter model (draft_service): behaviour against a plain reference implementation.
+
+The reference below is written from the DeepSpec/DSpark definition, straight from a dict of
+tensors named as in DeepSpec checkpoints: per sequence, full attention over
+concat(context, block) with an explicit mask, no pooling, no batching, no paging.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from draft_service import ContextPoolFull, DraftContextPool, DraftRequest, DSparkConfig, DSparkDrafter
+
+F64 = torch.float64
+
+
+def make_cfg(**kw):
+    base = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                rope_theta=10000.0, max_position_embeddings=512, block_size=4,
+                target_layer_ids=[0, 3, 5], num_target_layers=8, mask_token_id=60,
+                markov_rank=6, markov_head_type="vanilla",
+                enable_confidence_head=True, confidence_head_with_markov=True)
+    base.update(kw)
+    return DSparkConfig(**base)
+
+
+def make_model(cfg, seed=0, dtype=F64, draft_vocab=None):
+    torch.manual_seed(seed)
+    m = DSparkDrafter(cfg, draft_vocab=draft_vocab).init_weights()
+    with torch.no_grad():  # non-trivial norms/biases so every weight matters
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+        # larger weights than N(0, 0.02) so drafts are not all the same token
+        for name, p in m.named_parameters():
+            if "proj" in name or "markov" in name or name in ("fc.weight", "lm_head.weight"):
+                p.mul_(10.0)
+    return m.to(dtype).eval()
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------- reference
+def ref_rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def ref_rope(x, pos, theta):
+    """x [n, heads, hd] at positions [n]; HF default rope (angles computed in fp32 like HF)."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    ang = pos.to(torch.float32)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().to(x.dtype)[:, None, :], ang.sin().to(x.dtype)[:, None, :]
+    rotated = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1)
+    return x * cos + rotated * sin
+
+
+def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced=None, draft_vocab=None):
+    """Returns tokens [G], p_d [G, V], confidence [G]. `forced` teacher-forces the chosen tokens."""
+    eps, H, Hkv, hd, G = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.block_size
+
+    def lin(x, name):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if name + ".bias" in W else y
+
+    ctx = ref_rms(taps @ W["fc.weight"].T, W["hidden_norm.weight"], eps)
+    T = ctx.shape[0]
+    x = W["embed_tokens.weight"][torch.tensor([anchor] + [cfg.mask_token_id] * (G - 1))]
+    bpos = anchor_pos + torch.arange(G)
+    # Block queries see every context token and every block token (non-causal block).
+    allowed = torch.ones(G, T + G, dtype=torch.bool)
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        hn = ref_rms(x, W[p + "input_layernorm.weight"], eps)
+        q = ref_rope(ref_rms(lin(hn, p + "self_attn.q_proj").view(G, H, hd), W[p + "self_attn.q_norm.weight"], eps), bpos, cfg.rope_theta)
+
+        def keys(src, pos):
+            k = ref_rms(lin(src, p + "self_attn.k_proj").view(-1, Hkv, hd), W[p + "self_attn.k_norm.weight"], eps)
+            return ref_rope(k, pos, cfg.rope_theta), lin(src, p + "self_attn.v_proj").view(-1, Hkv, hd)
+
+        kc, vc = keys(ctx, ctx_pos)  # context injected raw into every layer's k/v proj
+        kb, vb = keys(hn, bpos)
+        K = torch.cat([kc, kb]).repeat_interleave(H // Hkv, dim=1)
+        V = torch.cat([vc, vb]).repeat_interleave(H // Hkv, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, K) / math.sqrt(hd)
+        a = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
+        x = x + lin(torch.einsum("hqk,khd->qhd", a, V).reshape(G, H * hd), p + "self_attn.o_proj")
+        hn = ref_rms(x, W[p + "post_attention_layernorm.weight"], eps)
+        x = x + lin(F.silu(lin(hn, p + "mlp.gate_proj")) * lin(hn, p + "mlp.up_proj"), p + "mlp.down_proj")
+    h = ref_rms(x, W["norm.weight"], eps)
+    U = h @ W["lm_head.weight"].T
+    r = cfg.markov_rank
+    toks, probs, confs, prev, state = [], [], [], anchor, torch.zeros(r, dtype=h.dtype)
+    for k in range(G):
+        logits = U[k].clone()
+        e = W["markov_head.markov_w1.weight"][prev] if r else None
+        if r:
+            if cfg.markov_head_type == "vanilla":
+                z = e
+            elif cfg.markov_head_type == "gated":
+                z = torch.sigmoid(lin(torch.cat([h[k], e]), "markov_head.gate_proj")) * e
+            else:  # rnn
+                g, c, o = lin(torch.cat([state, e, h[k]]), "markov_head.joint_proj").chunk(3)
+                state = torch.sigmoid(g) * state + (1 - torch.sigmoid(g)) * torch.tanh(c)
+                z = torch.tanh(o)
+            logits = logits + z @ W["markov_head.markov_w2.weight"].T
+        p_k = torch.softmax(logits / temperature if temperature > 0 else logits, -1)
+        j = int(logits.argmax()) if forced is None else int(forced[k])
+        if draft_vocab is not None:
+            full = torch.zeros(cfg.vocab_size, dtype=p_k.dtype)
+            full[draft_vocab] = p_k
+            p_k = full
+            if forced is None:
+                j = int(draft_vocab[j])
+        if cfg.enable_confidence_head:
+            f = torch.cat([h[k], e]) if cfg.confidence_head_with_markov else h[k]
+            confs.append(torch.sigmoid(lin(f, "confidence_head.proj"))[0])
+        toks.append(j)
+        probs.append(p_k)
+        prev = j
+    conf = torch.stack(confs) if confs else None
+    return torch.tensor(toks), torch.stack(probs), conf
+
+
+def rand_taps(cfg, n, seed, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, cfg.num_taps * cfg.hidden_size, generator=g, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- tests
+HEADS = [dict(markov_head_type="vanilla"),
+         dict(markov_head_type="gated"),
+         dict(markov_head_type="rnn", confidence_head_with_markov=False),
+         dict(markov_rank=0, markov_head_type=None, confidence_head_with_markov=False)]
+
+
+@pytest.mark.parametrize("head", HEADS, ids=["vanilla", "gated", "rnn", "no-markov"])
+def test_batched_propose_matches_reference(head):
+    cfg = make_cfg(**head)
+    model = make_model(cfg)
+    W = weights(model)
+    lens = [9, 1, 23, 14]
+    taps = [rand_taps(cfg, n, seed=i) for i, n in enumerate(lens)]
+    pool = DraftContextPool(model, max_tokens=256)
+    hs = [pool.create_context() for _ in lens]
+    pool.append_many([(h, t, torch.arange(len(t))) for h, t in zip(hs, taps)])
+    anchors = [5, 17, 59, 0]
+    out = pool.propose([(h, a, n) for h, a, n in zip(hs, anchors, lens)])
+    assert out.tokens.shape == (4, cfg.block_size) and out.probs.shape == (4, cfg.block_size, cfg.vocab_size)
+    for b, (t, a, n) in enumerate(zip(taps, anchors, lens)):
+        toks, probs, conf = ref_draft(W, cfg, t, torch.arange(n), a, n)
+        assert torch.equal(out.tokens[b], toks)
+        torch.testing.assert_close(out.probs[b], probs, rtol=0, atol=1e-12)
+        torch.testing.assert_close(out.token_probs[b], probs.gather(-1, toks[:, None])[:, 0], rtol=0, atol=1e-12)
+        if conf is None:
+            assert out.confidence is None
+        else:
+            torch.testing.assert_close(out.confidence[b], conf, rtol=0, atol=1e-12)
+    assert len(set(out.tokens.flatten().tolist())) > 3  # the test model is not degenerate
+
+
+def test_batched_equals_per_sequence():
+    cfg = make_cfg()
+    model = make_model(cfg)
+    lens = [30, 3, 17, 0, 1]  # 0: empty context (block attends only to itself)
+    pool = DraftContextPool(model, max_tokens=512)
+    hs = []
+    for i, n in enumerate(lens):
+        hs.append(pool.create_context())
+        pool.append(hs[-1], rand_taps(cfg, n, seed=10 + i), torch.arange(n))
+    reqs = [DraftRequest(h, anchor_token=(7 * i) % 60, anchor_pos=n) for i, (h, n) in enumerate(zip(hs, lens))]
+    batched = pool.propose(reqs)
+    for b, r in enumerate(reqs):
+        single = pool.propose([r])
+        assert torch.equal(batched.tokens[b], single.tokens[0])
+        torch.testing.assert_close(batched.probs[b], single.probs[0], rtol=0, atol=1e-13)
+        torch.testing.assert_close(batched.confidence[b], single.confidence[0], rtol=0, atol=1e-13)
+
+
+def test_truncate_equals_fresh_context():
+    cfg = make_cfg()
+    model = make_model(cfg)
+    taps = rand_taps(cfg, 40, seed=3)
+    pool = DraftContextPool(model, max_tokens=256)
+    h = pool.create_context()
+    # built in chunks like a decode loop (prefill, then accepted tokens each round)
+    for a, b in [(0, 21), (21, 24), (24, 25), (25, 40)]:
+        pool.append(h, taps[a:b], torch.arange(a, b))
+    used = pool.bytes_in_use
+    pool.truncate(h, 19)  # e.g. roll back rejected tokens
+    assert pool.length(h) == 19 and pool.bytes_in_use < used
+    fresh = pool.create_context()
+    pool.append(fresh, taps[:19], torch.arange(19))
+    o = pool.propose([(h, 4, 19), (fresh, 4, 19)])
+    for x in (o.tokens, o.probs, o.confidence):
+        assert torch.equal(x[0], x[1])
+    # appending after truncate keeps working
+    pool.append(h, taps[19:30], torch.arange(19, 30))
+    toks, probs, _ = ref_draft(weights(model), cfg, taps[:30], torch.arange(30), 4, 30)
+    out = pool.propose([(h, 4, 30)])
+    assert torch.equal(out.tokens[0], toks)
+    torch.testing.assert_close(out.probs[0], probs, rtol=0, atol=1e-12)
+
+
+def test_release_frees_memory_and_budget_overflow_raises():
+    cfg = make_cfg()
+    model = make_model(cfg)
+    pool = DraftContextPool(model, max_tokens=64, page_size=16)
+    token_bytes = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 8
+    assert pool.capacity_bytes == 64 * token_bytes and pool.bytes_in_use == 0
+    h1, h2 = pool.create_context(), pool.create_context()
+    pool.append(h1, rand_taps(cfg, 20, 0), torch.arange(20))
+    assert pool.bytes_in_use == 32 * token_bytes and pool.num_live_contexts == 2
+    with pytest.raises(ContextPoolFull):
+        pool.append(h2, rand_taps(cfg, 45, 1), torch.arange(45))
+    assert pool.length(h2) == 0 and pool.bytes_in_use == 32 * token_bytes  # nothing written
+    with pytest.raises(ContextPoolFull):  # all-or-nothing across sequences
+        pool.append_many([(h2, rand_taps(cfg, 16, 2), torch.arange(16)), (h1, rand_taps(cfg, 30, 3), torch.arange(20, 50))])
+    assert pool.length(h1) == 20 and pool.length(h2) == 0
+    pool.append(h2, rand_taps(cfg, 32, 1), torch.arange(32))  # exactly fills the budget
+    assert pool.free_tokens == 0
+    pool.release(h1)
+    pool.release(h2)
+    assert pool.bytes_in_use == 0 and pool.num_live_contexts == 0
+    with pytest.raises(KeyError):
+        pool.propose([(h1, 0, 20)])
+    h3 = pool.create_context()  # freed pages are reusable
+    pool.append(h3, rand_taps(cfg, 64, 4), torch.arange(64))
+    assert pool.bytes_in_use == pool.capacity_bytes
+    by_bytes = DraftContextPool(model, max_bytes=5 * 16 * token_bytes - 1, page_size=16)
+    assert by_bytes.capacity_bytes == 4 * 16 * token_bytes  # a byte budget is never exceeded
+
+
+def test_greedy_is_argmax_and_sampling_is_reproducible():
+    cfg = make_cfg()
+    model = make_model(cfg)
+    W = weights(model)
+    taps = rand_taps(cfg, 12, seed=5)
+    pool = DraftContextPool(model, max_tokens=128)
+    h = pool.create_context()
+    pool.append(h, taps, torch.arange(12))
+    greedy = pool.propose([(h, 9, 12)])
+    assert torch.equal(greedy.tokens, greedy.probs.argmax(-1))
+
+    def sample(seed, temp=0.8):
+        g = torch.Generator().manual_seed(seed)
+        return pool.propose([DraftRequest(h, 9, 12, temperature=temp, generator=g)] * 2)
+
+    s1, s2 = sample(123), sample(123)
+    assert torch.equal(s1.tokens, s2.tokens) and torch.equal(s1.probs, s2.probs)
+    assert not torch.equal(s1.tokens[0], s1.tokens[1])  # one generator, advanced per row
+    assert any(not torch.equal(sample(i).tokens, s1.tokens) for i in range(5))
+    # p_d of a sampled block is the tempered Markov-corrected distribution given the sampled prefix
+    for b in range(2):
+        toks, probs, conf = ref_draft(W, cfg, taps, torch.arange(12), 9, 12, temperature=0.8, forced=s1.tokens[b])
+        torch.testing.assert_close(s1.probs[b], probs, rtol=0, atol=1e-12)
+        torch.testing.assert_close(s1.confidence[b], conf, rtol=0, atol=1e-12)
+        assert (s1.token_probs[b] > 0).all()
+    # greedy and sampled rows mix in one batch without affecting each other
+    mixed = pool.propose([(h, 9, 12), DraftRequest(h, 9, 12, 0.8, torch.Generator().manual_seed(123))])
+    assert torch.equal(mixed.tokens[0], greedy.tokens[0]) and torch.equal(mixed.tokens[1], s1.tokens[0])
+
+
+def test_sampling_frequencies_follow_p_d():
+    cfg = make_cfg(block_size=2)
+    model = make_model(cfg)
+    pool = DraftContextPool(model, max_tokens=64)
+    h = pool.create_context()
+    pool.append(h, rand_taps(cfg, 5, seed=8), torch.arange(5))
+    n = 4000
+    out = pool.propose([DraftRequest(h, 3, 5, 1.5, torch.Generator().manual_seed(0))] * n)
+    p0 = out.probs[0, 0]  # first position does not depend on sampled tokens
+    freq = torch.bincount(out.tokens[:, 0], minlength=cfg.vocab_size).to(F64) / n
+    assert (freq - p0).abs().max() < 4 * math.sqrt(p0.max() / n)
+
+
+def test_save_load_roundtrip(tmp_path):
+    cfg = make_cfg(markov_head_type="gated")
+    model = make_model(cfg)
+    embed, head = model.embed_tokens.weight.detach().clone(), model.lm_head.weight.detach().clone()
+    model.save_pretrained(tmp_path / "slim")  # default: embeddings come from the target
+    model.save_pretrained(tmp_path / "full", include_embeddings=True)
+    with open(tmp_path / "slim" / "config.json") as f:
+        assert json.load(f)["architectures"] == ["Qwen3DSparkModel"]
+    slim = DSparkDrafter.from_pretrained(tmp_path / "slim", target_embed=embed, target_lm_head=head, dtype=F64)
+    full = DSparkDrafter.from_pretrained(tmp_path / "full", dtype=F64)
+    assert slim.embed_tokens.weight.data_ptr() == embed.data_ptr()  # shared with the target, not copied
+    with pytest.raises(ValueError):
+        DSparkDrafter.from_pretrained(tmp_path / "slim", dtype=F64)
+    taps = rand_taps(cfg, 15, 1)
+    outs = []
+    for m in (model, slim, full):
+        pool = DraftContextPool(m, max_tokens=64)
+        h = pool.create_context()
+        pool.append(h, taps, torch.arange(15))
+        outs.append(pool.propose([(h, 2, 15)]))
+    for o in outs[1:]:
+        assert torch.equal(o.tokens, outs[0].tokens) and torch.equal(o.probs, outs[0].probs)
+        assert torch.equal(o.confidence, outs[0].confidence)
+    bf16 = DSparkDrafter.from_pretrained(tmp_path / "full", dtype=torch.bfloat16)
+    pool = DraftContextPool(bf16, max_tokens=64)
+    h = pool.create_context()
+    pool.append(h, taps, torch.arange(15))
+    o = pool.propose([(h, 2, 15, 1.0)])
+    assert o.probs.dtype == torch.float32 and torch.allclose(o.probs.sum(-1), torch.ones(1, cfg.block_size))
+
+
+def deepspec_config_json(cfg, path, hf_version="5"):
+    """config.json as DeepSpec writes it: the target's Qwen3Config deep-copied + DSpark fields, HF save_pretrained."""
+    d = {"architectures": ["Qwen3DSparkModel"], "attention_bias": False, "attention_dropout": 0.0,
+         "block_size": cfg.block_size, "bos_token_id": 1, "confidence_head_with_markov": True,
+         "enable_confidence_head": True, "eos_token_id": 2, "head_dim": cfg.head_dim, "hidden_act": "silu",
+         "hidden_size": cfg.hidden_size, "initializer_range": 0.02, "intermediate_size": cfg.intermediate_size,
+         "layer_types": ["full_attention"] * cfg.num_hidden_layers, "markov_head_type": "vanilla",
+         "markov_rank": cfg.markov_rank, "mask_token_id": cfg.mask_token_id,
+         "max_position_embeddings": cfg.max_position_embeddings, "max_window_layers": 28, "model_type": "qwen3",
+         "num_anchors": 512, "num_attention_heads": cfg.num_attention_heads,
+         "num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
+         "num_target_layers": 8, "pad_token_id": None, "rms_norm_eps": cfg.rms_norm_eps,
+         "sliding_window": None, "target_layer_ids": cfg.target_layer_ids, "tie_word_embeddings": False,
+         "use_cache": True, "use_sliding_window": False, "vocab_size": cfg.vocab_size}
+    if hf_version == "5":
+        d.update(dtype="bfloat16", transformers_version="5.10.2",
+                 rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"})
+    else:
+        d.update(torch_dtype="bfloat16", transformers_version="4.57.0", rope_theta=cfg.rope_theta, rope_scaling=None)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(d, indent=2))
+
+
+@pytest.mark.parametrize("with_embeddings,hf_version", [(True, "5"), (False, "5"), (False, "4")])
+def test_loads_checkpoint_in_deepspec_layout(tmp_path, with_embeddings, hf_version):
+    cfg = make_cfg()
+    d, r, V, kvd = cfg.hidden_size, cfg.markov_rank, cfg.vocab_size, cfg.num_key_value_heads * cfg.head_dim
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, s=0.3):
+        return (s * torch.randn(*shape, generator=g)).to(torch.bfloat16)  # DeepSpec saves bf16
+
+    W = {"fc.weight": rnd(d, cfg.num_taps * d), "hidden_norm.weight": 1 + rnd(d, s=0.1),
+         "norm.weight": 1 + rnd(d, s=0.1), "markov_head.markov_w1.weight": rnd(V, r),
+         "markov_head.markov_w2.weight": rnd(V, r), "confidence_head.proj.weight": rnd(1, d + r),
+         "confidence_head.proj.bias": rnd(1)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        W.update({p + "input_layernorm.weight": 1 + rnd(d, s=0.1), p + "post_attention_layernorm.weight": 1 + rnd(d, s=0.1),
+                  p + "self_attn.q_proj.weight": rnd(cfg.num_attention_heads * cfg.head_dim, d),
+                  p + "self_attn.k_proj.weight": rnd(kvd, d), p + "self_attn.v_proj.weight": rnd(kvd, d),
+                  p + "self_attn.o_proj.weight": rnd(d, cfg.num_attention_heads * cfg.head_dim),
+                  p + "self_attn.q_norm.weight": 1 + rnd(cfg.head_dim, s=0.1),
+                  p + "self_attn.k_norm.weight": 1 + rnd(cfg.head_dim, s=0.1),
+                  p + "mlp.gate_proj.weight": rnd(cfg.intermediate_size, d), p + "mlp.up_proj.weight": rnd(cfg.intermediate_size, d),
+                  p + "mlp.down_proj.weight": rnd(d, cfg.intermediate_size)})
+    target_embed, target_head = rnd(V, d, s=1.0), rnd(V, d, s=1.0)
+    stored = dict(W)
+    if with_embeddings:
+        stored.update({"embed_tokens.weight": target_embed, "lm_head.weight": target_head})
+    deepspec_config_json(cfg, tmp_path, hf_version)
+    save_file(stored, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+
+    kw = {} if with_embeddings else dict(target_embed=target_embed, target_lm_head=target_head)
+    model = DSparkDrafter.from_pretrained(tmp_path, dtype=F64, **kw)
+    assert model.config.block_size == cfg.block_size and model.config.rope_theta == cfg.rope_theta
+    assert model.config.target_layer_ids == cfg.target_layer_ids and model.config.num_anchors == 512
+    pool = DraftContextPool(model, max_tokens=64)
+    h = pool.create_context()
+    taps = rand_taps(cfg, 13, 2)
+    pool.append(h, taps, torch.arange(13))
+    out = pool.propose([(h, 11, 13)])
+    Wref = {k: v.to(F64) for k, v in W.items()}
+    Wref.update({"embed_tokens.weight": target_embed.to(F64), "lm_head.weight": target_head.to(F64)})
+    toks, probs, conf = ref_draft(Wref, cfg, taps, torch.arange(13), 11, 13)
+    assert torch.equal(out.tokens[0], toks)
+    torch.testing.assert_close(out.probs[0], probs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.confidence[0], conf, rtol=0, atol=1e-12)
+    # re-saving keeps DeepSpec's tensor names and config fields
+    model.save_pretrained(tmp_path / "resaved")
+    again = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert again["rope_parameters"]["rope_theta"] == cfg.rope_theta and again["model_type"] == "qwen3"
+    for k in ("block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type",
+              "enable_confidence_head", "confidence_head_with_markov", "num_target_layers", "bos_token_id"):
+        assert k in again
+
+
+def test_hf_written_config_parses(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = make_cfg()
+    t = transformers.Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                                 num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                 rope_theta=5e5, max_position_embeddings=512)
+    # DeepSpec build_draft_config: copy the target config, then set the DSpark fields.
+    t.architectures = ["Qwen3DSparkModel"]
+    t.num_target_layers, t.num_hidden_layers, t.block_size = 8, 2, 4
+    t.tie_word_embeddings, t.layer_types = False, ["full_attention"] * 2
+    t.mask_token_id, t.target_layer_ids, t.num_anchors = 60, [0, 3, 5], 512
+    t.enable_confidence_head, t.confidence_head_with_markov = True, True
+    t.markov_rank, t.markov_head_type = 6, "vanilla"
+    t.save_pretrained(tmp_path)
+    c = DSparkConfig.from_json(str(tmp_path))
+    assert (c.rope_theta, c.block_size, c.num_hidden_layers, c.markov_rank, c.head_dim) == (5e5, 4, 2, 6, 8)
+    DSparkDrafter(c)  # shapes consistent
+
+
+def test_rope_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    cfg = make_cfg(rope_theta=1e6, head_dim=16, max_position_embeddings=4096)
+    hf = Qwen3RotaryEmbedding(transformers.Qwen3Config(hidden_size=64, num_attention_heads=4, head_dim=16,
+                                                       rope_theta=1e6, max_position_embeddings=4096))
+    pos = torch.tensor([0, 1, 7, 100, 4095])
+    cos, sin = hf(torch.zeros(1, dtype=torch.float32), pos[None])
+    ours_cos, ours_sin = DSparkDrafter(cfg).rope(pos)
+    assert torch.equal(cos[0, :, :8], ours_cos) and torch.equal(sin[0, :, :8], ours_sin)
+
+
+def test_draft_vocab_hook(tmp_path):
+    cfg = make_cfg()
+    full = make_model(cfg)
+    sub = torch.tensor(sorted(torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(1))[:25].tolist()))
+    cfg_d = make_cfg(draft_vocab_size=len(sub))
+    model = DSparkDrafter(cfg_d, draft_vocab=sub).to(F64).eval()
+    W = weights(full)
+    W["lm_head.weight"] = W["lm_head.weight"][sub]
+    W["markov_head.markov_w2.weight"] = W["markov_head.markov_w2.weight"][sub]
+    W["draft_vocab"] = sub
+    model.load_state_dict(W)
+    taps = rand_taps(cfg, 10, 3)
+    pool = DraftContextPool(model, max_tokens=64)
+    h = pool.create_context()
+    pool.append(h, taps, torch.arange(10))
+    out = pool.propose([(h, 50, 10)])
+    toks, probs, conf = ref_draft(W, cfg_d, taps, torch.arange(10), 50, 10, draft_vocab=sub)
+    assert torch.equal(out.tokens[0], toks) and torch.isin(out.tokens, sub).all()
+    assert out.probs.shape[-1] == cfg.vocab_size  # p_d over the target vocabulary, 0 outside the draft vocab
+    torch.testing.assert_close(out.probs[0], probs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.confidence[0], conf, rtol=0, atol=1e-12)
+    # checkpoint: draft_vocab saved; lm_head rows re-derived from the target's full lm_head
+    model.save_pretrained(tmp_path)
+    loaded = DSparkDrafter.from_pretrained(tmp_path, target_embed=full.embed_tokens.weight.detach(),
+                                           target_lm_head=full.lm_head.weight.detach(), dtype=F64)
+    pool2 = DraftContextPool(loaded, max_tokens=64)
+    h2 = pool2.create_context()
+    pool2.append(h2, taps, torch.arange(10))
+    o2 = pool2.propose([(h2, 50, 10)])
+    assert torch.equal(o2.tokens, out.tokens) and torch.equal(o2.probs, out.probs)
