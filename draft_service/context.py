@@ -147,10 +147,11 @@ class DraftContextPool:
 
     # -- drafting --------------------------------------------------------------
     @torch.no_grad()
-    def propose(self, batch: Sequence[DraftRequest | tuple]) -> DraftProposal:
+    def propose(self, batch: Sequence[DraftRequest | tuple], probs_format: str = "full") -> DraftProposal:
         """Draft gamma tokens for every request in one backbone pass + one batched Markov loop.
 
         Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator]]).
+        probs_format: "full" | "compact" | "none", see DraftProposal.
         """
         reqs = [r if isinstance(r, DraftRequest) else DraftRequest(*r) for r in batch]
         if not reqs:
@@ -183,7 +184,7 @@ class DraftContextPool:
             for i, r in enumerate(reqs):
                 if r.temperature > 1e-5 and r.generator is not None:
                     uniforms[i] = torch.rand(G, dtype=pdt, device=r.generator.device, generator=r.generator).to(dev)
-        return self.model.decode(h, anchor_ids, temperature, uniforms)
+        return self.model.decode(h, anchor_ids, temperature, uniforms, probs_format=probs_format)
 
     def _get(self, handle: int) -> _Context:
         try:

@@ -143,7 +143,8 @@ class Cache:
 def generate_cache(engine, prompts: list[dict], folder: Path, *, temperatures: list[float], max_tokens: int,
                    topk: int = 32, concurrency: int = 64, seed: int = 0) -> Path:
     """Let the target answer every prompt at every temperature and cache tokens, taps and top-k distributions.
-    `engine` is an LLMEngine built with the drafter's tap layers. Resumable."""
+    A prompt is {"id", "messages"} (chat) or {"id", "token_ids"}. `engine` is an LLMEngine built with the drafter's
+    tap layers. Resumable."""
     from engine import SamplingParams
 
     if not engine.tap_layers:
@@ -158,8 +159,8 @@ def generate_cache(engine, prompts: list[dict], folder: Path, *, temperatures: l
         while jobs or live:
             while jobs and len(live) < concurrency:
                 rid, prompt, temp = jobs.pop(0)
-                ids = engine.tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True,
-                                                           tokenize=True, return_dict=True)["input_ids"]
+                ids = prompt.get("token_ids") or engine.tokenizer.apply_chat_template(
+                    prompt["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
                 params = SamplingParams(temperature=temp, top_p=0.9 if temp else 1.0, max_tokens=max_tokens,
                                         logprobs=topk, seed=None if not temp else seed + len(live) + bar.n)
                 engine.add_request(rid, list(ids), params)

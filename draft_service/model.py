@@ -24,9 +24,12 @@ from .config import DSparkConfig
 @dataclass
 class DraftProposal:
     tokens: torch.Tensor  # [B, gamma] int64 target-vocab ids
-    probs: torch.Tensor  # [B, gamma, vocab] p_d, the Markov-corrected distributions sampled from
-    token_probs: torch.Tensor  # [B, gamma] p_d(chosen token)
+    probs: torch.Tensor | None  # [B, gamma, V] p_d, the Markov-corrected distributions sampled from (see below)
+    token_probs: torch.Tensor | None  # [B, gamma] p_d(chosen token)
     confidence: torch.Tensor | None  # [B, gamma] c_k in (0,1); None without a confidence head
+    # probs="full": V is the target vocabulary. probs="compact": V is the draft vocabulary and draft_vocab maps
+    # its indices to target ids (None when the two are the same). probs="none": no distributions.
+    draft_vocab: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -265,7 +268,7 @@ class DSparkDrafter(nn.Module):
         return self.norm(x)
 
     @torch.no_grad()
-    def decode(self, h, anchor_ids, temperature=None, uniforms=None) -> DraftProposal:
+    def decode(self, h, anchor_ids, temperature=None, uniforms=None, probs_format: str = "full") -> DraftProposal:
         """Left-to-right Markov decoding over the block hidden states h [B,G,d].
 
         temperature [B] (0 = greedy) and uniforms [B,G] in [0,1) drive sampling; both None = all greedy.
@@ -300,14 +303,17 @@ class DSparkDrafter(nn.Module):
             local[:, k] = nxt
             prev_all[:, k] = prev
             prev = nxt if self.draft_vocab is None else self.draft_vocab[nxt]
-        if not sampling:
-            probs = torch.softmax(logits, -1)
-        token_probs = probs.gather(-1, local[..., None]).squeeze(-1)
-        tokens = local
-        if self.draft_vocab is not None:
-            tokens = self.draft_vocab[local]
-            full = torch.zeros(B, G, self.config.vocab_size, dtype=pdt, device=h.device)
-            probs = full.scatter_(-1, self.draft_vocab.expand(B, G, V), probs)
+        tokens = local if self.draft_vocab is None else self.draft_vocab[local]
+        token_probs = None
+        if probs_format == "none":
+            probs = None
+        else:
+            if not sampling:
+                probs = torch.softmax(logits, -1)
+            token_probs = probs.gather(-1, local[..., None]).squeeze(-1)
+            if self.draft_vocab is not None and probs_format == "full":
+                full = torch.zeros(B, G, self.config.vocab_size, dtype=pdt, device=h.device)
+                probs = full.scatter_(-1, self.draft_vocab.expand(B, G, V), probs)
         conf = None
         if self.confidence_head is not None:
             feats = h
@@ -317,7 +323,8 @@ class DSparkDrafter(nn.Module):
             if self.conf_temperatures is not None:
                 logit = logit / self.conf_temperatures.to(device=logit.device, dtype=pdt)
             conf = torch.sigmoid(logit)
-        return DraftProposal(tokens=tokens, probs=probs, token_probs=token_probs, confidence=conf)
+        return DraftProposal(tokens=tokens, probs=probs, token_probs=token_probs, confidence=conf,
+                             draft_vocab=self.draft_vocab if probs_format == "compact" else None)
 
     # -- checkpoints (see checkpoint.py) ---------------------------------------
     @classmethod

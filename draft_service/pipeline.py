@@ -27,7 +27,17 @@ def load_prompt_file(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: str, temperatures: list[float],
+def parse_temperatures(text: str) -> list[tuple[float, float]]:
+    """"0,0.7@0.4" -> [(0.0, 1.0), (0.7, 0.4)]: answer all prompts greedily and 40% of them at T=0.7."""
+    out = []
+    for part in text.split(","):
+        temp, _, frac = part.partition("@")
+        out.append((float(temp), float(frac) if frac else 1.0))
+    return out
+
+
+def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: str,
+                  temperatures: list[tuple[float, float]],
                   max_tokens: int, tap_layers: list[int], tc: TrainConfig, release_dtype=torch.bfloat16,
                   max_prompts: int | None = None) -> Path:
     """Generate (or reuse) the caches, train (or resume), calibrate, and write out/drafter. Returns that folder."""
@@ -38,14 +48,16 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
 
     out = Path(out)
     caches = {"train": out / "cache" / "train", "heldout": out / "cache" / "heldout"}
-    jobs = {"train": (load_prompt_file(prompts), temperatures), "heldout": (load_prompt_file(eval_prompts), [0.0])}
+    jobs = {"train": (load_prompt_file(prompts), temperatures), "heldout": (load_prompt_file(eval_prompts), [(0.0, 1.0)])}
     engine = None
     for split, (items, temps) in jobs.items():
         items = items[:max_prompts] if max_prompts else items
-        done = {s.id for s in Cache(caches[split]).samples} if (caches[split] / "meta.json").exists() else set()
-        if len(done) < len(items) * len(temps):
-            engine = engine or LLMEngine(EngineConfig(model=model, tap_layers=tap_layers, max_num_seqs=64))
-            generate_cache(engine, items, caches[split], temperatures=temps, max_tokens=max_tokens)
+        for temp, fraction in temps:  # each temperature answers the first `fraction` of the (shuffled) prompts
+            subset = items[: max(1, round(len(items) * fraction))]
+            done = {s.id for s in Cache(caches[split]).samples} if (caches[split] / "meta.json").exists() else set()
+            if any(f"{p['id']}@{temp:g}" not in done for p in subset):
+                engine = engine or LLMEngine(EngineConfig(model=model, tap_layers=tap_layers, max_num_seqs=64))
+                generate_cache(engine, subset, caches[split], temperatures=[temp], max_tokens=max_tokens)
     del engine
 
     path = resolve_model(model)

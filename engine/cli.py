@@ -52,7 +52,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from draft_service.pipeline import DEFAULT_TAPS, train_drafter
+    from draft_service.pipeline import DEFAULT_TAPS, parse_temperatures, train_drafter
     from draft_service.train import TrainConfig
 
     tc = TrainConfig(layers=args.layers, markov_rank=args.markov_rank, gamma=args.gamma,
@@ -60,7 +60,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                      samples_per_step=args.samples_per_step, steps=args.steps, lr=args.lr, seed=args.seed,
                      mask_token_id=args.mask_token_id)
     taps = [int(t) for t in args.taps.split(",")] if args.taps else DEFAULT_TAPS
-    temps = [float(t) for t in args.temperatures.split(",")]
+    temps = parse_temperatures(args.temperatures)
     final = train_drafter(Path(args.out), model=args.model, prompts=args.prompts, eval_prompts=args.eval_prompts,
                           temperatures=temps, max_tokens=args.max_tokens, tap_layers=taps, tc=tc,
                           max_prompts=args.max_prompts)
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
     tr.add_argument("--prompts", default="train", help="a jsonl file, or a split of data/prompts")
     tr.add_argument("--eval-prompts", default="heldout")
-    tr.add_argument("--temperatures", default="0,0.7", help="answer every prompt at each of these temperatures")
+    tr.add_argument("--temperatures", default="0,0.7@0.4",
+                    help="answer the prompts at these temperatures; T@F answers only the first fraction F")
     tr.add_argument("--max-tokens", type=int, default=256)
     tr.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts of each split")
     tr.add_argument("--taps", default=None, help="target layer ids, e.g. 1,8,15,22,28")

@@ -14,13 +14,17 @@ from engine.attention import KVCache
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.loader import load_hf_model, resolve_device, resolve_dtype, resolve_model
+from engine.loader import (drafter_tap_layers, load_hf_model, resolve_device, resolve_drafter, resolve_dtype,
+                           resolve_model)
 from engine.model import DecoderLM
 from engine.model_runner import ModelRunner
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceStatus, TapBuffer
+from engine.spec_controller import Curve, StepCostModel
+from engine.spec_mode import parse_speculation
+from engine.speculator import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,9 @@ class EngineCounters:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, draft_service=None, **overrides):
+        """`draft_service`: a ready draft service (e.g. a proxy to a co-located Ray actor); otherwise the engine
+        loads `config.drafter` in-process, if set."""
         config = (config or EngineConfig()).model_copy(update=overrides)
         self.config = config
         self.device = resolve_device(config.device)
@@ -70,10 +76,22 @@ class LLMEngine:
         self.model_name = config.model or "SmolLM2-135M-Instruct"
         hf_cfg = hf_model.config
         num_layers = hf_cfg.num_hidden_layers
-        for layer in config.tap_layers:
+        self.drafter_error: str | None = None  # why speculation is off although a drafter was asked for
+        drafter_path = None
+        tap_layers = list(config.tap_layers)
+        if draft_service is not None:
+            tap_layers = list(draft_service.tap_layers)
+        elif config.drafter and config.drafter != "none":
+            try:
+                drafter_path = resolve_drafter(config.drafter, hf_cfg)
+                tap_layers = drafter_tap_layers(drafter_path)
+            except (OSError, ValueError) as exc:
+                self.drafter_error = f"drafter {config.drafter!r} could not be loaded: {exc}"
+                log.error("%s; serving without speculation", self.drafter_error)
+        for layer in tap_layers:
             if not 0 <= layer < num_layers:
                 raise ValueError(f"tap layer {layer} out of range: the model has {num_layers} decoder layers")
-        self.tap_layers = tuple(config.tap_layers)
+        self.tap_layers = tuple(tap_layers)
 
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
         per_block = KVCache.bytes_per_block(num_layers, config.block_size, hf_cfg.num_key_value_heads, head_dim,
@@ -102,9 +120,80 @@ class LLMEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.requests: dict[str, Sequence] = {}
         self.counters = EngineCounters()
+        self.speculator: Speculator | None = None
+        if drafter_path is not None or draft_service is not None:
+            self._init_speculation(draft_service, drafter_path, num_blocks)
         log.info("engine ready: %s on %s/%s, %d KV blocks (%d tokens), max_model_len %d", self.model_name,
                  self.device, str(self.dtype).removeprefix("torch."), num_blocks, num_blocks * config.block_size,
                  max_len)
+
+    def _init_speculation(self, service, drafter_path, num_blocks: int) -> None:
+        cfg = self.config
+        try:
+            if service is None:
+                from draft_service.service import DraftService
+
+                # Contexts hold at most the tokens the KV cache holds, plus one partial page per sequence.
+                max_ctx = num_blocks * cfg.block_size + cfg.max_num_seqs * 16
+                service = DraftService.load(drafter_path, self.model.embed_tokens, self.model.lm_head_weight,
+                                            self.dtype, self.device, max_ctx)
+            mode = parse_speculation(cfg.speculation or "adaptive")
+            cost = StepCostModel(Curve(*self._profile_forward()), Curve(*self._profile_draft(service)))
+        except Exception as exc:  # keep serving without speculation, and say so
+            self.drafter_error = f"drafter could not start: {exc}"
+            log.error("%s; serving without speculation", self.drafter_error)
+            return
+        self.speculator = Speculator(service, mode, cost, cfg.max_num_batched_tokens)
+        log.info("speculation on (%s, gamma %d); SPS(B) %s", mode, service.gamma,
+                 {b: round(v, 1) for b, v in cost.table().items()})
+
+    def _scratch_seqs(self, n: int, context: int, q_len: int) -> list[ScheduledSeq]:
+        """Throwaway sequences with `context` cached (garbage) tokens, for timing steps."""
+        out = []
+        for i in range(n):
+            seq = Sequence(f"__profile{i}", [1] * (context + q_len), SamplingParams(), detokenizer=None)
+            seq.num_computed_tokens = context
+            if not self.block_manager.allocate(seq, context + q_len):
+                break
+            out.append(ScheduledSeq(seq, q_len))
+        return out
+
+    def _profile_forward(self, reps: int = 3) -> tuple[list[int], list[float]]:
+        """The start-up sweep of SPS(B): time packed forwards of B decode/verify tokens."""
+        cfg = self.config
+        grid = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cfg.max_num_batched_tokens]
+        seconds = []
+        for b in grid:
+            n = min(b, cfg.max_num_seqs)
+            scratch = self._scratch_seqs(n, 64, max(1, b // n))
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                self.runner.execute(scratch)
+                times.append(time.perf_counter() - t0)
+            for s in scratch:
+                self.block_manager.free(s.seq)
+            seconds.append(sorted(times)[len(times) // 2])
+        return grid, seconds
+
+    def _profile_draft(self, service, reps: int = 3) -> tuple[list[int], list[float]]:
+        from draft_service.service import ContextSync, DraftWork
+
+        width = len(self.tap_layers) * self.model.hidden_size
+        grid = [n for n in (1, 4, 16, 64) if n <= self.config.max_num_seqs] or [1]
+        seconds = []
+        for n in grid:
+            keys = [f"__profile{i}" for i in range(n)]
+            taps = torch.zeros(64, width, dtype=self.dtype, device=self.device)
+            service.step([ContextSync(k, 0, taps) for k in keys], [])
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                service.step([], [DraftWork(k, 1, 64) for k in keys])
+                times.append(time.perf_counter() - t0)
+            service.release(keys)
+            seconds.append(sorted(times)[len(times) // 2])
+        return grid, seconds
 
     def _kv_budget_bytes(self, hf_model) -> int:
         if self.config.kv_cache_memory_gb:
@@ -199,6 +288,8 @@ class LLMEngine:
     # ----- the step -----------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One engine step: schedule, draft, one packed forward (prefill chunks, decodes and verify segments
+        together), accept, emit. Returns an output for every request that advanced."""
         if not self.scheduler.has_unfinished():
             return []
         t0 = time.perf_counter()
@@ -206,44 +297,83 @@ class LLMEngine:
         self.counters.preemptions += len(sched.preempted)
         if not sched.scheduled:
             return []
+        if self.speculator is not None:
+            self.speculator.prepare(sched, self.block_manager, self.max_model_len)
+        t_fwd = time.perf_counter()
         out = self.runner.execute(sched.scheduled)
-        sampling = [out.order[i] for i in out.logit_rows]
-        tokens: list[int] = []
-        if sampling:
-            batch = SamplingBatch.build([s.seq.params for s in sampling], [s.seq.generator for s in sampling],
-                                        self.device)
-            tokens = sample(out.logits, batch, self.generator, self.model.ops.argmax).tolist()
+        if self.speculator is not None:
+            self.speculator.cost.forward.observe(sched.num_tokens, time.perf_counter() - t_fwd)
+        emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
         touched = []
         for i, s in enumerate(out.order):
             seq = s.seq
+            tokens = emitted.get(i, [])
+            # K/V and taps stay valid for the known tokens and the accepted drafts; rejected drafts roll back.
+            keep = s.num_new_tokens + max(0, len(tokens) - 1)
             if seq.taps is not None:
-                seq.taps.write(seq.num_computed_tokens, out.taps[i][: s.num_new_tokens])
-            seq.num_computed_tokens += s.num_new_tokens
+                seq.taps.write(seq.num_computed_tokens, out.taps[i][:keep])
+            seq.num_computed_tokens += keep
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_new_tokens
-        if any(s.seq.params.logprobs is not None for s in sampling):
-            self._record_logprobs(out.logits, [s.seq for s in sampling], tokens)
-        for s, token in zip(sampling, tokens):
-            self._append_token(s.seq, token)
-            touched.append(s.seq)
+            if s.draft_tokens:
+                self.block_manager.truncate(seq, seq.num_computed_tokens)
+            for token in tokens:
+                if self._append_token(seq, token):
+                    break  # a stop inside an accepted segment ends the sequence at exactly that token
+            if seq.logprobs is not None:
+                del seq.logprobs[seq.num_output_tokens:]
+            if tokens:
+                touched.append(seq)
         self.counters.steps += 1
         self.counters.step_time_s += time.perf_counter() - t0
         return [self._output(seq) for seq in touched]
 
+    def _accept(self, out) -> dict[int, list[int]]:
+        """Sample the plain rows and verify the drafted ones. Returns order index -> tokens to emit."""
+        plain = [i for i in out.logit_rows if not out.order[i].draft_tokens]
+        drafted = [i for i in out.logit_rows if out.order[i].draft_tokens]
+        emitted: dict[int, list[int]] = {}
+        rows_of = {}
+        if plain:
+            rows = [out.logit_rows[i][0] for i in plain]
+            logits = out.logits if len(rows) == out.logits.shape[0] else out.logits[rows]
+            batch = SamplingBatch.build([out.order[i].seq.params for i in plain],
+                                        [out.order[i].seq.generator for i in plain], self.device)
+            tokens = sample(logits, batch, self.generator, self.model.ops.argmax).tolist()
+            for i, t in zip(plain, tokens):
+                emitted[i] = [t]
+                rows_of[i] = [out.logit_rows[i][0]]
+        if drafted:
+            rows = [r for i in drafted for r in range(out.logit_rows[i][0], sum(out.logit_rows[i]))]
+            verified = self.speculator.verify([out.order[i] for i in drafted], out.logits[rows], self.generator,
+                                              self.model.ops.argmax)
+            for i, tokens in zip(drafted, verified):
+                emitted[i] = tokens
+                rows_of[i] = list(range(out.logit_rows[i][0], out.logit_rows[i][0] + len(tokens)))
+        with_lp = [i for i in emitted if out.order[i].seq.params.logprobs is not None]
+        if with_lp:
+            self._record_logprobs(out.logits, [(out.order[i].seq, rows_of[i], emitted[i]) for i in with_lp])
+        return emitted
+
     @staticmethod
-    def _record_logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:
-        """Top-k log-probabilities of the raw model distribution at each sampled row, plus the sampled token's."""
-        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        k = max(seqs[i].params.logprobs for i in rows)
+    def _record_logprobs(logits: torch.Tensor, items: list[tuple[Sequence, list[int], list[int]]]) -> None:
+        """Top-k log-probabilities of the raw model distribution for every emitted token (its logits row), plus
+        the emitted token's own."""
+        rows = [r for _, rs, _ in items for r in rs]
+        toks = [t for _, _, ts in items for t in ts]
+        k = max(seq.params.logprobs for seq, _, _ in items)
         lp = torch.log_softmax(logits[rows].float(), dim=-1)
-        chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+        chosen = lp.gather(1, torch.tensor(toks, device=lp.device)[:, None])[:, 0].tolist()
         top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
         top_v, top_i = top_v.tolist(), top_i.tolist()
-        for j, i in enumerate(rows):
-            n = seqs[i].params.logprobs
-            entry = dict(zip(top_i[j][:n], top_v[j][:n]))
-            entry[tokens[i]] = chosen[j]
-            seqs[i].logprobs.append(entry)
+        j = 0
+        for seq, rs, ts in items:
+            n = seq.params.logprobs
+            for t in ts:
+                entry = dict(zip(top_i[j][:n], top_v[j][:n]))
+                entry[t] = chosen[j]
+                seq.logprobs.append(entry)
+                j += 1
 
     def _append_token(self, seq: Sequence, token: int) -> bool:
         """Append one output token and apply the stop rules; True if the sequence finished."""
@@ -267,6 +397,8 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_time = time.monotonic()
         self.scheduler.finish(seq, reason)
+        if self.speculator is not None:
+            self.speculator.finish([seq])
         self.requests.pop(seq.request_id, None)
         self.counters.requests_finished += 1
 
@@ -298,6 +430,8 @@ class LLMEngine:
         }
         if seq.first_token_time is not None:
             m["ttft_s"] = seq.first_token_time - seq.arrival_time
+        if self.speculator is not None:
+            m.update(Speculator.request_metrics(seq))
         if seq.finish_time is not None:
             m["e2e_s"] = seq.finish_time - seq.arrival_time
             if seq.first_token_time is not None and seq.num_output_tokens > 1:

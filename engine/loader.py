@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -152,3 +153,23 @@ def load_hf_model(path: Path, dtype: torch.dtype):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "draft_service" / "weights" / "smollm2-135m-instruct"
+
+
+def resolve_drafter(drafter: str, target_config) -> Path:
+    """'default' (the committed drafter for the default model) or a DeepSpec-format drafter folder."""
+    path = DEFAULT_DRAFTER if drafter == "default" else Path(drafter).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no drafter at {path} (expected config.json and model.safetensors)")
+    cfg = json.loads((path / "config.json").read_text())
+    for key in ("hidden_size", "vocab_size"):
+        if cfg.get(key) != getattr(target_config, key):
+            raise ValueError(f"drafter {path.name} has {key} {cfg.get(key)}, the target {getattr(target_config, key)}"
+                             + (" (the default drafter is for SmolLM2-135M-Instruct)" if drafter == "default" else ""))
+    return path
+
+
+def drafter_tap_layers(path: Path) -> list[int]:
+    return list(json.loads((Path(path) / "config.json").read_text())["target_layer_ids"])

@@ -1,0 +1,120 @@
+"""The draft service: the drafter's weights once, plus the draft context of every sequence of one engine.
+
+The engine talks to it with one call per step (`step`): bring some contexts up to date (truncate, append taps) and
+propose blocks for a batch of sequences. The same object runs in the engine's process or inside a Ray actor
+(draft_service/actor.py), so a step costs one round trip either way. Sequences are named by the engine's keys;
+their contexts are created on first use and freed by `release`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draft_service.context import DraftContextPool, DraftRequest
+from draft_service.model import DSparkDrafter
+
+
+@dataclass
+class ContextSync:
+    key: str
+    keep: int  # truncate the context to this many tokens first
+    taps: torch.Tensor | None = None  # [n, n_taps * d] taps of the next n positions, appended after `keep`
+
+
+@dataclass
+class DraftWork:
+    key: str
+    anchor_token: int
+    anchor_pos: int  # the context must hold exactly the positions before it
+    temperature: float = 0.0
+    seed: int | None = None  # seeds this sequence's draft sampling on first use
+
+
+@dataclass
+class DraftStep:
+    tokens: list[list[int]]  # per work item, gamma target-vocabulary ids
+    confidences: list[list[float]]  # per work item, calibrated c_1..c_gamma
+    probs: torch.Tensor | None  # [n_sampled, gamma, V_draft] p_d of the sampled work items, in order
+    sampled: list[int]  # which work items those rows belong to
+    draft_vocab: torch.Tensor | None  # draft index -> target id (None: the full vocabulary)
+    seconds: float = 0.0  # time spent in the service
+
+
+@dataclass
+class DraftService:
+    drafter: DSparkDrafter
+    max_context_tokens: int
+    pool: DraftContextPool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pool = DraftContextPool(self.drafter, max_tokens=self.max_context_tokens)
+        self.handles: dict[str, int] = {}
+        self.generators: dict[str, torch.Generator] = {}
+
+    @classmethod
+    def load(cls, path, target_embed: torch.Tensor, target_lm_head: torch.Tensor, dtype: torch.dtype,
+             device: torch.device, max_context_tokens: int) -> DraftService:
+        drafter = DSparkDrafter.from_pretrained(path, target_embed=target_embed, target_lm_head=target_lm_head,
+                                                dtype=dtype, device=device)
+        return cls(drafter, max_context_tokens)
+
+    @property
+    def gamma(self) -> int:
+        return self.drafter.gamma
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.config.vocab_size
+
+    @property
+    def tap_layers(self) -> list[int]:
+        return list(self.drafter.config.target_layer_ids)
+
+    def context_length(self, key: str) -> int:
+        return self.pool.length(self.handles[key]) if key in self.handles else 0
+
+    def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> DraftStep | None:
+        t0 = time.perf_counter()
+        appends = []
+        for s in syncs:
+            handle = self.handles.get(s.key)
+            if handle is None:
+                handle = self.handles[s.key] = self.pool.create_context()
+            if self.pool.length(handle) > s.keep:
+                self.pool.truncate(handle, s.keep)
+            if s.taps is not None and s.taps.shape[0]:
+                start = self.pool.length(handle)
+                pos = torch.arange(start, start + s.taps.shape[0])
+                appends.append((handle, s.taps.to(self.drafter.device), pos))
+        self.pool.append_many(appends)
+        if not work:
+            return None
+        requests, sampled = [], []
+        for i, w in enumerate(work):
+            gen = None
+            if w.temperature > 0:
+                sampled.append(i)
+                gen = self.generators.get(w.key)
+                if gen is None and w.seed is not None:
+                    gen = self.generators[w.key] = torch.Generator(self.drafter.device).manual_seed(w.seed)
+            requests.append(DraftRequest(self.handles[w.key], w.anchor_token, w.anchor_pos, w.temperature, gen))
+        prop = self.pool.propose(requests, probs_format="compact" if sampled else "none")
+        conf = prop.confidence if prop.confidence is not None else torch.ones(prop.tokens.shape)
+        return DraftStep(
+            tokens=prop.tokens.tolist(), confidences=conf.tolist(),
+            probs=prop.probs[sampled] if sampled else None, sampled=sampled,
+            draft_vocab=prop.draft_vocab, seconds=time.perf_counter() - t0,
+        )
+
+    def release(self, keys: list[str]) -> None:
+        for key in keys:
+            handle = self.handles.pop(key, None)
+            if handle is not None:
+                self.pool.release(handle)
+            self.generators.pop(key, None)
+
+    def stats(self) -> dict:
+        return {"live_contexts": self.pool.num_live_contexts, "context_bytes": self.pool.bytes_in_use,
+                "context_capacity_bytes": self.pool.capacity_bytes}

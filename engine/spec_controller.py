@@ -1,0 +1,241 @@
+"""How many draft tokens each sequence verifies this step. Pure Python over plain numbers: no tensors, no model.
+
+Adaptive mode is Algorithm 1 of the DSpark paper (the hardware-aware prefix scheduler): rank every (sequence,
+position) pair by its prefix survival a_{r,j} = prod_{i<=j} c_{r,i}, admit pairs in that order while the expected
+throughput tau * SPS(B) still grows, and stop at the first pair that does not raise it. The early stop keeps the
+rule lossless under sampling: whether position j is verified depends on c_1..c_j, which depend on the drafts before
+j but never on draft j itself (a search that looks further ahead leaks x_j into its own admission; see
+tests/test_spec_controller.py for the paper's Appendix-A example).
+
+Beyond the paper: the confidences are corrected online by the acceptance each sequence actually showed per position
+(`AcceptanceTracker`), so a confidence head that is over-confident on hard content still gets short verifies, and an
+optional per-request latency target caps a request's verify length.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.spec_mode import SpecMode
+
+
+@dataclass
+class Candidate:
+    """One decoding sequence that may verify drafts this step."""
+
+    key: object
+    confidences: list[float]  # calibrated c_1..c_gamma
+    mode: SpecMode
+    cap: int  # most drafts it may verify (tokens left, latency target)
+
+
+@dataclass
+class Curve:
+    """Seconds as a piecewise-linear function of a size, on a grid, kept current by measurements: each one moves
+    the two nearest grid points towards it (EMA weighted by distance). Beyond the grid it extrapolates linearly."""
+
+    grid: list[int]
+    seconds: list[float]
+    alpha: float = 0.1
+
+    def at(self, x: float) -> float:
+        g, s = self.grid, self.seconds
+        if x <= g[0]:
+            return s[0]
+        if x >= g[-1]:
+            return s[-1] * x / g[-1]
+        i = bisect.bisect_right(g, x) - 1
+        w = (x - g[i]) / (g[i + 1] - g[i])
+        return s[i] + w * (s[i + 1] - s[i])
+
+    def observe(self, x: float, seconds: float) -> None:
+        g = self.grid
+        if x <= g[0]:
+            points = [(0, 1.0)]
+        elif x >= g[-1]:
+            points, seconds = [(len(g) - 1, 1.0)], seconds * g[-1] / x
+        else:
+            i = bisect.bisect_right(g, x) - 1
+            w = (x - g[i]) / (g[i + 1] - g[i])
+            points = [(i, 1.0 - w), (i + 1, w)]
+        for i, weight in points:
+            self.seconds[i] += self.alpha * weight * (seconds - self.seconds[i])
+
+
+@dataclass
+class StepCostModel:
+    """The cost of one engine step: the packed forward as a function of its tokens B, plus the draft round as a
+    function of the sequences drafted (independent of how many drafts are then verified). SPS(B) is its inverse.
+    Both curves are seeded by a start-up sweep and follow the measured steps from then on."""
+
+    forward: Curve
+    draft: Curve | None = None
+
+    def step_seconds(self, tokens: int, drafted_seqs: int = 0) -> float:
+        extra = self.draft.at(drafted_seqs) if (drafted_seqs and self.draft is not None) else 0.0
+        return self.forward.at(tokens) + extra
+
+    def sps(self, tokens: int, drafted_seqs: int = 0) -> float:
+        return 1.0 / self.step_seconds(tokens, drafted_seqs)
+
+    def table(self) -> dict[int, float]:
+        """SPS(B) at the grid points, for metrics."""
+        return {b: 1.0 / s for b, s in zip(self.forward.grid, self.forward.seconds)}
+
+
+@dataclass
+class AcceptanceTracker:
+    """Observed acceptance per block position, per sequence and overall, against what the confidences predicted.
+
+    For position k the correction is ratio_k = observed_k / predicted_k, both EMAs over the steps in which position
+    k was reached (its prefix accepted and k verified). A sequence's own ratio starts at the global one and moves to
+    its own as its observations outweigh `prior_weight`."""
+
+    gamma: int
+    decay: float = 0.9  # per sequence: about its last 10 steps
+    global_decay: float = 0.99  # over all sequences: about the last 100 observations
+    prior_weight: float = 4.0
+
+    def __post_init__(self) -> None:
+        self.global_obs = [0.0] * self.gamma
+        self.global_pred = [0.0] * self.gamma
+        self.global_count = [0.0] * self.gamma
+        self.per_seq: dict = {}  # key -> (observed, predicted) EMAs per position
+
+    def record(self, key, confidences: list[float], verified: int, accepted: int) -> None:
+        """A draft step of `key` verified `verified` drafts of which the first `accepted` were accepted. Called for
+        every drafted step, also when nothing was verified: a sequence's evidence fades step by step, so a position
+        it stopped verifying drifts back to the global estimate and gets tried again."""
+        obs, pred = self.per_seq.setdefault(key, ([0.0] * self.gamma, [0.0] * self.gamma))
+        reached = min(verified, accepted + 1)  # the accepted positions and the first rejection
+        d = self.global_decay
+        for k in range(self.gamma):
+            obs[k] *= self.decay
+            pred[k] *= self.decay
+            if k < reached:
+                hit = 1.0 if k < accepted else 0.0
+                obs[k] += hit
+                pred[k] += confidences[k]
+                self.global_obs[k] = d * self.global_obs[k] + hit
+                self.global_pred[k] = d * self.global_pred[k] + confidences[k]
+                self.global_count[k] = d * self.global_count[k] + 1.0
+
+    def ratio(self, key, k: int) -> float:
+        g = (self.global_obs[k] + 1.0) / (self.global_pred[k] + 1.0)  # +1 on both: a neutral prior
+        obs, pred = self.per_seq.get(key, (None, None))
+        if obs is None:
+            return g
+        return (obs[k] + self.prior_weight * g) / (pred[k] + self.prior_weight)
+
+    def corrected(self, key, confidences: list[float]) -> list[float]:
+        return [min(1.0, max(0.0, c * self.ratio(key, k))) for k, c in enumerate(confidences)]
+
+    def expected_acceptance(self) -> list[float]:
+        """Overall conditional acceptance per position, optimistic by one standard error, for deciding whether to
+        draft at all. The optimism matters: once drafting stops, the estimate is only refreshed by probes, and a
+        pessimistic one would keep it stopped."""
+        out = []
+        for o, c in zip(self.global_obs, self.global_count):
+            p = (o + 1.0) / (c + 2.0)
+            out.append(min(1.0, p + (p * (1 - p) / (c + 2.0)) ** 0.5))
+        return out
+
+    def forget(self, key) -> None:
+        self.per_seq.pop(key, None)
+
+
+def survival(confidences: list[float]) -> list[float]:
+    out, a = [], 1.0
+    for c in confidences:
+        a *= c
+        out.append(a)
+    return out
+
+
+def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding: int, cost: StepCostModel,
+                          budget: int, corrected: dict | None = None) -> dict:
+    """Verify length per candidate key. `base_tokens`: tokens this step runs without drafts (prefill chunks and one
+    per decoding sequence); `num_decoding`: sequences that emit a token this step; `budget`: the token budget;
+    `corrected`: key -> confidences after the online correction, used by adaptive candidates."""
+    lengths: dict = {}
+    tokens, tau = base_tokens, float(num_decoding)
+    adaptive: list[tuple[float, int, object]] = []
+    for c in cands:
+        # Only the adaptive policy uses the online correction; threshold:C means the calibrated confidences.
+        conf = corrected.get(c.key, c.confidences) if corrected and c.mode.kind == "adaptive" else c.confidences
+        cap = max(0, min(c.cap, len(conf)))
+        if c.mode.kind == "fixed":
+            n = min(c.mode.k, cap)
+        elif c.mode.kind == "threshold":
+            n = 0
+            while n < cap and conf[n] >= c.mode.threshold:
+                n += 1
+        elif c.mode.kind == "adaptive":
+            for j, a in enumerate(survival(conf[:cap])):
+                adaptive.append((a, j + 1, c.key))
+            n = 0
+        else:
+            n = 0
+        n = min(n, max(0, budget - tokens))
+        lengths[c.key] = n
+        tokens += n
+        tau += sum(survival(conf[:n]))
+    # Algorithm 1: by survival, highest first (ties: earlier position first, so prefixes stay prefixes).
+    adaptive.sort(key=lambda t: (-t[0], t[1]))
+    drafted = len(cands)  # the draft round already ran for every candidate
+    best = tau * cost.sps(tokens, drafted)
+    for a, j, key in adaptive:
+        if a <= 0.0 or tokens + 1 > budget or lengths[key] != j - 1:
+            break
+        theta = (tau + a) * cost.sps(tokens + 1, drafted)
+        if theta <= best:
+            break  # early stop: the first pair that does not raise throughput ends the admission
+        best, tau, tokens = theta, tau + a, tokens + 1
+        lengths[key] = j
+    return lengths
+
+
+def worth_drafting(num_decoding: int, base_tokens: int, acceptance: list[float], cost: StepCostModel,
+                   budget: int, max_len: int) -> bool:
+    """Before paying for a draft round: would drafting, with the acceptance observed so far, beat plain decoding at
+    this load? Every sequence is assumed to draft like the average one."""
+    if num_decoding == 0:
+        return False
+    plain = num_decoding * cost.sps(base_tokens)
+    tokens, tau = base_tokens, float(num_decoding)
+    for a in survival(acceptance[:max_len]):  # one more verified position for every sequence at a time
+        if tokens + num_decoding > budget:
+            break
+        tokens += num_decoding
+        tau += num_decoding * a
+        if tau * cost.sps(tokens, num_decoding) > plain:
+            return True
+    return False
+
+
+@dataclass
+class DraftGate:
+    """Skips draft rounds that `worth_drafting` says cannot pay off, but still drafts every `probe_every`-th step,
+    so the acceptance estimates it relies on stay current."""
+
+    probe_every: int = 16
+    skipped: int = 0
+
+    def should_draft(self, worth: bool) -> bool:
+        if worth or self.skipped + 1 >= self.probe_every:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return False
+
+
+def latency_cap(target_tpot_s: float | None, cost: StepCostModel, tokens: int, drafted_seqs: int,
+                gamma: int) -> int:
+    """Most drafts a request may add to a step of `tokens` tokens so that the step, and so the wait for its next
+    token, stays within its latency target (0 when even a plain step is slower)."""
+    if target_tpot_s is None:
+        return gamma
+    n = gamma
+    while n > 0 and cost.step_seconds(tokens + n, drafted_seqs) > target_tpot_s:
+        n -= 1
+    return n
