@@ -38,7 +38,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    fast_ops = None  # engine.ops.Ops, set by DSparkDrafter.optimize_for_inference (same rounding as below)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast_ops is not None and not torch.is_grad_enabled():
+            return self.fast_ops.rms_norm(x.contiguous(), self.weight, self.eps)
         # Same op order as HF Qwen3RMSNorm: normalise in >= fp32, cast back, then scale.
         dtype = x.dtype
         x = x.to(torch.promote_types(dtype, torch.float32))
@@ -57,6 +61,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     sin = sin.to(x.dtype).unsqueeze(-2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear whose matmul runs through the engine's Linear (oneDNN-prepacked on a bf16 CPU).
+    The parameters stay registered under the same names, so checkpoints and state_dict() are unchanged."""
+
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        from engine.model import Linear
+
+        self.weight, self.bias = lin.weight, lin.bias
+        self.fast = Linear(lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fast(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
 
 class Attention(nn.Module):
@@ -192,6 +211,7 @@ class DSparkDrafter(nn.Module):
         # Sequential Temperature Scaling of the confidence logits, one temperature per block position
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
+        self._argmax = None  # a faster row argmax, set by optimize_for_inference
 
     # -- init / misc -----------------------------------------------------------
     @torch.no_grad()
@@ -206,6 +226,20 @@ class DSparkDrafter(nn.Module):
                     m.bias.zero_()
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
+        return self
+
+    def optimize_for_inference(self) -> "DSparkDrafter":
+        """Frozen serving: prepacked linears and the engine's fused RMSNorm/argmax where the device has them."""
+        from engine.ops import Ops
+
+        ops = Ops(self.device)
+        self._argmax = ops.argmax if ops.fused else None
+        for name, mod in list(self.named_modules()):
+            if isinstance(mod, nn.Linear) and name != "embed_tokens":
+                parent = self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self
+                setattr(parent, name.rsplit(".", 1)[-1], PackedLinear(mod))
+            elif isinstance(mod, RMSNorm) and ops.fused:
+                mod.fast_ops = ops
         return self
 
     @property
@@ -293,7 +327,7 @@ class DSparkDrafter(nn.Module):
             if self.markov_head is not None:
                 bias, state = self.markov_head.step(prev, h[:, k], state)
                 lk += bias
-            nxt = lk.argmax(-1)
+            nxt = self._argmax(lk) if self._argmax is not None else lk.argmax(-1)
             if sampling:
                 pk = probs[:, k] = torch.softmax(lk * inv_t, -1)
                 cdf = pk.cumsum(-1)

@@ -58,7 +58,7 @@ class DraftService:
              device: torch.device, max_context_tokens: int) -> DraftService:
         drafter = DSparkDrafter.from_pretrained(path, target_embed=target_embed, target_lm_head=target_lm_head,
                                                 dtype=dtype, device=device)
-        return cls(drafter, max_context_tokens)
+        return cls(drafter.optimize_for_inference(), max_context_tokens)
 
     @property
     def gamma(self) -> int:
@@ -82,7 +82,10 @@ class DraftService:
             handle = self.handles.get(s.key)
             if handle is None:
                 handle = self.handles[s.key] = self.pool.create_context()
-            if self.pool.length(handle) > s.keep:
+            length = self.pool.length(handle)
+            if length < s.keep:  # e.g. a restarted service: the caller must rebuild this context from scratch
+                raise RuntimeError(f"draft context {s.key!r} holds {length} tokens, the engine expects {s.keep}")
+            if length > s.keep:
                 self.pool.truncate(handle, s.keep)
             if s.taps is not None and s.taps.shape[0]:
                 start = self.pool.length(handle)

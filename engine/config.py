@@ -1,7 +1,7 @@
 """Engine configuration (pydantic, so a Serve config YAML can carry it unchanged)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class EngineConfig(BaseModel):
@@ -24,3 +24,12 @@ class EngineConfig(BaseModel):
     # Speculative decoding (DSpark).
     drafter: str | None = Field(None, description="'default', a drafter folder, or None for no speculation")
     speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive (default with a drafter)")
+
+    @field_validator("speculation")
+    @classmethod
+    def _valid_mode(cls, value: str | None) -> str | None:
+        if value is not None:
+            from engine.spec_mode import parse_speculation
+
+            parse_speculation(value)
+        return value

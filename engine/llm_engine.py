@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -276,6 +276,32 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def stats(self) -> dict:
+        """A snapshot of the engine's load and counters (plain numbers, for metrics and load signals)."""
+        bm = self.block_manager
+        out = {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "kv_blocks_used": bm.num_used,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_usage": bm.usage,
+            **asdict(self.counters),
+            "speculation": self.speculator is not None,
+            "drafter_error": self.drafter_error,
+        }
+        if self.speculator is not None:
+            spec = self.speculator
+            out["spec"] = asdict(spec.counters)
+            out["spec"]["last_verify_tokens"] = spec.last_verify_tokens
+            out["spec"]["sps_table"] = spec.cost.table()
+            try:
+                out["spec"].update(spec.service.stats())
+            except Exception as exc:  # a dead draft actor: report it, keep serving
+                out["spec"]["service_error"] = str(exc)
+        return out
 
     @property
     def num_running(self) -> int:

@@ -1,0 +1,192 @@
+"""The default drafter's report: acceptance, calibration and cost.
+
+- tau (accepted + 1) at gamma = 7, greedy, on the held-out prompts, and the acceptance at each block position; beside
+  it, prompt lookup (n-gram matching over the prompt and the text so far, n = 3..1), the cheap rival to beat;
+- calibration of the prefix survival prod c_k before and after Sequential Temperature Scaling (reliability curves and
+  per-position ECE);
+- the cost of one draft round against batch size 1..64, beside the target's plain decode step at the same batch.
+
+Held-out answers come from the training run's cache when present (runs/default-drafter/cache/heldout), else the
+target generates them first (a few minutes).
+
+    .venv/bin/python bench/drafter_report.py        # writes bench/results/drafter_report.{json,png}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def prompt_lookup_tau(tokens: np.ndarray, start: int, gamma: int, max_n: int = 3) -> list[int]:
+    """Accepted drafts per anchor for prompt lookup: find the latest earlier occurrence of the last n tokens
+    (n = max_n..1) and propose what followed it."""
+    accepted = []
+    for p in range(start, len(tokens) - 1):
+        ctx = tokens[: p + 1]
+        draft: list[int] = []
+        for n in range(max_n, 0, -1):
+            if len(ctx) <= n:
+                continue
+            key = ctx[-n:]
+            for i in range(len(ctx) - n - 1, -1, -1):
+                if np.array_equal(ctx[i: i + n], key):
+                    draft = ctx[i + n: i + n + gamma].tolist()
+                    break
+            if draft:
+                break
+        real = tokens[p + 1: p + 1 + gamma].tolist()
+        a = 0
+        while a < min(len(draft), len(real)) and draft[a] == real[a]:
+            a += 1
+        accepted.append(a)
+    return accepted
+
+
+def draft_round_ms(service, batch: int, width: int, dtype, reps: int = 7) -> float:
+    from draft_service.service import ContextSync, DraftWork
+
+    keys = [f"b{i}" for i in range(batch)]
+    service.step([ContextSync(k, 0, torch.randn(160, width, dtype=dtype)) for k in keys], [])
+    work = [DraftWork(k, 100 + i, 160) for i, k in enumerate(keys)]
+    service.step([], work)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        service.step([], work)
+        times.append(time.perf_counter() - t0)
+    service.release(keys)
+    return 1000 * sorted(times)[reps // 2]
+
+
+def decode_step_ms(engine, batch: int, reps: int = 7) -> float:
+    scratch = engine._scratch_seqs(batch, 160, 1)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        engine.runner.execute(scratch)
+        times.append(time.perf_counter() - t0)
+    for s in scratch:
+        engine.block_manager.free(s.seq)
+    return 1000 * sorted(times)[reps // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--drafter", default="default")
+    ap.add_argument("--cache", default=str(ROOT / "runs" / "default-drafter" / "cache" / "heldout"))
+    args = ap.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from draft_service.calibrate import ece, survival, survival_ece
+    from draft_service.data import Cache, generate_cache
+    from draft_service.model import DSparkDrafter
+    from draft_service.pipeline import load_prompt_file
+    from draft_service.train import evaluate, local_index
+    from draft_service.calibrate import stack_records
+    from engine import EngineConfig, LLMEngine
+    from engine.loader import DEFAULT_DRAFTER, resolve_model
+
+    drafter_dir = DEFAULT_DRAFTER if args.drafter == "default" else Path(args.drafter)
+    cache_dir = Path(args.cache)
+    engine = LLMEngine(EngineConfig(drafter=str(drafter_dir), max_num_seqs=64, kv_cache_memory_gb=1.0))
+    if not (cache_dir / "index.jsonl").exists():
+        cache_dir = RESULTS / "cache_heldout"
+        gen = LLMEngine(EngineConfig(tap_layers=list(engine.tap_layers), max_num_seqs=64))
+        generate_cache(gen, load_prompt_file("heldout"), cache_dir, temperatures=[0.0], max_tokens=256)
+        del gen
+    cache = Cache(cache_dir)
+    samples = [s for s in cache.samples if s.temperature == 0.0]
+
+    # Acceptance, exactly as greedy inference drafts (float32 copy of the drafter, uncalibrated logits).
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
+    drafter = DSparkDrafter.from_pretrained(drafter_dir, target_embed=target.get_input_embeddings().weight,
+                                            target_lm_head=target.get_output_embeddings().weight,
+                                            dtype=torch.float32)
+    temps = drafter.conf_temperatures
+    drafter.conf_temperatures = None
+    ev = evaluate(drafter, cache, samples, local_index(drafter), max_anchors=10**6)
+    z, y, v = stack_records(ev.pop("records"))
+    gamma = z.shape[1]
+    temps_np = temps.numpy() if temps is not None else np.ones(gamma)
+    cond = [float(y[v[:, k] & (y[:, k - 1] > 0) if k else v[:, 0], k].mean()) for k in range(gamma)]
+    lookup = [a for s in samples for a in prompt_lookup_tau(cache.tokens(s).astype(np.int64), s.prompt_len, gamma)]
+    report = {
+        "drafter": str(drafter_dir), "gamma": gamma, "heldout_answers": len(samples), "anchors": ev["anchors"],
+        "tau": ev["tau"], "accept_rate_by_pos": ev["accept_rate_by_pos"], "conditional_accept_by_pos": cond,
+        "prompt_lookup_tau": 1 + float(np.mean(lookup)),
+        "ece_before": survival_ece(z, y, v, np.ones(gamma)), "ece_after": survival_ece(z, y, v, temps_np),
+        "sts_temperatures": temps_np.tolist(),
+    }
+    # Reliability: predicted survival vs observed prefix acceptance, pooled over positions.
+    bins = np.linspace(0, 1, 11)
+    for name, t in (("before", np.ones(gamma)), ("after", temps_np)):
+        s = survival(z, t)[v]
+        lab = y[v]
+        idx = np.minimum((s * 10).astype(int), 9)
+        report[f"reliability_{name}"] = [(float(s[idx == b].mean()), float(lab[idx == b].mean()), int((idx == b).sum()))
+                                         for b in range(10) if (idx == b).any()]
+        report[f"ece_pooled_{name}"] = ece(s, lab)
+    # Cost: one draft round vs the target's decode step, same batch, same process.
+    service = engine.speculator.service
+    width = len(engine.tap_layers) * engine.model.hidden_size
+    report["draft_round_ms"] = {b: draft_round_ms(service, b, width, engine.dtype) for b in BATCHES}
+    report["target_step_ms"] = {b: decode_step_ms(engine, b) for b in BATCHES}
+    report["draft_over_step"] = {b: report["draft_round_ms"][b] / report["target_step_ms"][b] for b in BATCHES}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "drafter_report.json").write_text(json.dumps(report, indent=1))
+    plot(report, RESULTS / "drafter_report.png")
+    print(json.dumps({k: report[k] for k in ("tau", "prompt_lookup_tau", "accept_rate_by_pos",
+                                             "conditional_accept_by_pos", "ece_pooled_before", "ece_pooled_after",
+                                             "draft_round_ms", "target_step_ms", "draft_over_step")}, indent=1))
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    ks = list(range(1, r["gamma"] + 1))
+    ax = axes[0]
+    ax.bar([k - 0.2 for k in ks], r["conditional_accept_by_pos"], width=0.4, label="P(accept k | 1..k-1 accepted)")
+    ax.bar([k + 0.2 for k in ks], r["accept_rate_by_pos"], width=0.4, label="P(1..k all accepted)")
+    ax.set_title(f"held-out greedy: tau = {r['tau']:.2f} (prompt lookup {r['prompt_lookup_tau']:.2f})")
+    ax.set_xlabel("block position k")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for name, style in (("before", "o--"), ("after", "s-")):
+        pts = r[f"reliability_{name}"]
+        ax.plot([p for p, _, _ in pts], [o for _, o, _ in pts], style,
+                label=f"{name} STS (ECE {r[f'ece_pooled_{name}']:.3f})")
+    ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
+    ax.set_xlabel("predicted prefix survival prod c")
+    ax.set_ylabel("observed prefix acceptance")
+    ax.set_title("calibration")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    bs = [int(b) for b in r["draft_round_ms"]]
+    ax.plot(bs, list(r["draft_round_ms"].values()), "o-", label="draft round")
+    ax.plot(bs, list(r["target_step_ms"].values()), "s-", label="target decode step")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(bs, [str(b) for b in bs])
+    ax.set_xlabel("batch (sequences)")
+    ax.set_ylabel("ms")
+    ax.set_title("cost per step")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

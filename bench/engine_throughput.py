@@ -1,0 +1,222 @@
+"""Decode throughput of the engine against transformers, and against the model's linear layers alone.
+
+For each dtype (float32, bfloat16) and concurrency (1, 4, 16, 64), on the same held-out chat prompts:
+- engine: decode tokens/s and median step time of LLMEngine (prefill excluded: timing starts once every request
+  has its first token);
+- limit: the model's linear layers alone (the engine's own prepacked Linear objects, same weights and dtype) at the
+  same number of tokens per step; an engine step can hardly beat it, the gap is the engine's overhead;
+- hf_generate: transformers `generate` with a static, left-padded batch;
+- hf_generate_batch: transformers' own continuous batching (`generate_batch`).
+Decode rates of the transformers paths are (N*M - N*1) tokens over t(M) - t(1), so prefill is excluded there too.
+Each system runs in its own subprocess, so its peak RSS is its own.
+
+    .venv/bin/python bench/engine_throughput.py            # writes bench/results/engine_throughput.{json,png}
+    .venv/bin/python bench/engine_throughput.py --quick    # fewer tokens, to check it runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONCURRENCY = [1, 4, 16, 64]
+DTYPES = ["float32", "bfloat16"]
+
+
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    from draft_service.prompts import load_prompts
+
+    prompts = load_prompts("heldout")[:n]
+    return [list(tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"]) for p in prompts]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_engine(dtype: str, new_tokens: int) -> dict:
+    import torch
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    # KV cache sized for this load (64 x ~200 tokens), so peak RSS is not the default 2 GiB budget.
+    engine = LLMEngine(EngineConfig(dtype=dtype, device="cpu", max_num_seqs=64, max_num_batched_tokens=4096,
+                                    kv_cache_memory_gb=0.5))
+    prompts = chat_prompts(engine.tokenizer, max(CONCURRENCY))
+    out = {}
+    for conc in CONCURRENCY:
+        ids = [f"c{conc}-{i}" for i in range(conc)]
+        for rid, p in zip(ids, prompts):
+            engine.add_request(rid, p, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+        seqs = [engine.requests[r] for r in ids]
+        while any(s.num_output_tokens == 0 for s in seqs):
+            engine.step()
+        steps, tokens = [], 0
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            ts = time.perf_counter()
+            outs = engine.step()
+            steps.append(time.perf_counter() - ts)
+            tokens += sum(len(o.new_token_ids) for o in outs)
+        elapsed = time.perf_counter() - t0
+        out[conc] = {"tok_s": tokens / elapsed, "step_ms": 1000 * sorted(steps)[len(steps) // 2],
+                     "linear_ms": linear_only_ms(engine, conc, torch)}
+    return {"results": out, "peak_rss_mb": peak_rss_mb()}
+
+
+def linear_only_ms(engine, tokens: int, torch, reps: int = 20) -> float:
+    """The model's linear layers alone, in forward order, at `tokens` rows: the floor of a decode step."""
+    m = engine.model
+    lins = [lin for layer in m.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
+    xs = {}
+    for lin in lins:
+        width = lin.weight.shape[1]
+        xs.setdefault(width, torch.randn(tokens, width, dtype=m.dtype))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for lin in lins:
+            lin(xs[lin.weight.shape[1]])
+        times.append(time.perf_counter() - t0)
+    return 1000 * sorted(times)[reps // 2]
+
+
+def run_hf(dtype: str, new_tokens: int, continuous: bool) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from engine.loader import resolve_model
+
+    path = resolve_model(None)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    prompts = chat_prompts(tok, max(CONCURRENCY))
+    out = {}
+    for conc in CONCURRENCY:
+        batch = prompts[:conc]
+
+        def timed(n_new: int) -> float:
+            gen = GenerationConfig(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0,
+                                   eos_token_id=None)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                if continuous:
+                    model.generate_batch(inputs=batch, generation_config=gen, progress_bar=False)
+                else:
+                    width = max(len(p) for p in batch)
+                    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+                    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+                    model.generate(ids, attention_mask=mask, generation_config=gen)
+            return time.perf_counter() - t0
+
+        t1 = min(timed(1) for _ in range(2))
+        tm = timed(new_tokens)
+        out[conc] = {"tok_s": conc * (new_tokens - 1) / max(tm - t1, 1e-9)}
+    return {"results": out, "peak_rss_mb": peak_rss_mb()}
+
+
+def _child(target, args, queue):
+    try:
+        queue.put(target(*args))
+    except Exception as exc:  # report, don't hang the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def in_subprocess(target, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(target, args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for dtype, style in zip(DTYPES, ("--", "-")):
+        for system, color in (("engine", "C0"), ("hf_generate", "C1"), ("hf_generate_batch", "C2")):
+            res = report[dtype].get(system, {}).get("results")
+            if res:
+                axes[0].plot(CONCURRENCY, [res[str(c)]["tok_s"] for c in CONCURRENCY], style, color=color,
+                             marker="o", label=f"{system} {dtype}")
+        eng = report[dtype]["engine"]["results"]
+        axes[1].plot(CONCURRENCY, [eng[str(c)]["step_ms"] for c in CONCURRENCY], style, marker="o", color="C0",
+                     label=f"engine step {dtype}")
+        axes[1].plot(CONCURRENCY, [eng[str(c)]["linear_ms"] for c in CONCURRENCY], style, marker="s", color="C3",
+                     label=f"linear layers only {dtype}")
+        axes[2].plot(CONCURRENCY, [eng[str(c)]["step_ms"] / eng[str(c)]["linear_ms"] for c in CONCURRENCY], style,
+                     marker="o", label=dtype)
+    axes[2].axhline(1.3, color="gray", lw=0.8, ls=":", label="goal 1.3x")
+    for ax, title, ylabel in zip(axes, ("decode throughput", "decode step vs its linear layers", "step / linear"),
+                                 ("tokens/s", "ms", "ratio")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    fig.suptitle("SmolLM2-135M-Instruct decode on this CPU (" + report["machine"] + ")")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="16 new tokens, to check the script")
+    ap.add_argument("--skip-hf-batch", action="store_true")
+    args = ap.parse_args()
+    n = 16 if args.quick else args.new_tokens
+    report = {"new_tokens": n, "machine": f"{platform.machine()}, {mp.cpu_count()} cores",
+              "date": time.strftime("%Y-%m-%d %H:%M")}
+    for dtype in DTYPES:
+        report[dtype] = {}
+        for system, target, extra in (("engine", run_engine, ()), ("hf_generate", run_hf, (False,)),
+                                      ("hf_generate_batch", run_hf, (True,))):
+            if system == "hf_generate_batch" and args.skip_hf_batch:
+                continue
+            print(f"{dtype} {system} ...", flush=True)
+            res = in_subprocess(target, dtype, n, *extra)
+            res.setdefault("results", {})
+            res["results"] = {str(k): v for k, v in res["results"].items()}
+            report[dtype][system] = res
+            print(json.dumps(res), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    name = "engine_throughput" + ("_quick" if args.quick else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1))
+    plot(report, RESULTS / f"{name}.png")
+    print_table(report)
+
+
+def print_table(report: dict) -> None:
+    print("| dtype | conc | engine tok/s | step ms | linear-only ms | step/linear | HF generate tok/s | x HF | "
+          "HF generate_batch tok/s | peak RSS MB (engine / HF) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dtype in DTYPES:
+        eng = report[dtype]["engine"]
+        hf = report[dtype].get("hf_generate", {})
+        hfb = report[dtype].get("hf_generate_batch", {})
+        for c in map(str, CONCURRENCY):
+            e = eng["results"][c]
+            h = hf.get("results", {}).get(c, {}).get("tok_s")
+            hb = hfb.get("results", {}).get(c, {}).get("tok_s")
+            print(f"| {dtype} | {c} | {e['tok_s']:.0f} | {e['step_ms']:.1f} | {e['linear_ms']:.1f} | "
+                  f"{e['step_ms'] / e['linear_ms']:.2f} | {h and f'{h:.0f}'} | {h and f'{e['tok_s'] / h:.1f}'} | "
+                  f"{hb and f'{hb:.0f}'} | {eng['peak_rss_mb']:.0f} / {hf.get('peak_rss_mb', 0):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
