@@ -76,6 +76,68 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Deploy the OpenAI-compatible app (deployments/app.py) and serve until Ctrl-C / SIGTERM."""
+    import os
+    import signal
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local dev cluster; set before Ray is imported
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+    from deployments.config import LLMServingConfig
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+
+    resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
+    engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                          drafter=None if args.drafter in (None, "none") else args.drafter,
+                          speculation=args.speculation, **({"max_num_seqs": args.max_num_seqs}
+                                                           if args.max_num_seqs else {}))
+    config = LLMServingConfig(engine=engine, num_replicas=args.replicas,
+                              drafter_mode="none" if engine.drafter is None else args.drafter_mode,
+                              served_model_name=args.served_model_name)
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    started_serve = False
+    try:
+        # "local" always starts a fresh cluster owned by this process, which ray.shutdown() then stops.
+        local = {}
+        if not args.address:  # logical CPUs: enough for every replica's bundle even on a small machine
+            need = args.replicas * config.replica_bundle()["CPU"] + 1
+            local["num_cpus"] = args.num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
+        ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=args.verbose, **local)
+        signal.signal(signal.SIGTERM, stop)  # again: Ray's core worker installs its own SIGTERM handler
+        signal.signal(signal.SIGINT, stop)
+        serve.start(http_options={"host": args.host, "port": args.port})
+        started_serve = True
+        serve.run(build_app(config), name=args.app_name, route_prefix="/")
+        print(f"dspark: serving {config.model_name} at http://{host}:{args.port}/v1  (Ctrl-C to stop)", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("dspark: shutting down", file=sys.stderr, flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if ray.is_initialized():
+            try:
+                if started_serve and args.address:
+                    serve.delete(args.app_name)  # a shared cluster: remove only our app
+                elif started_serve:
+                    serve.shutdown()
+            finally:
+                ray.shutdown()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dspark", description="DSpark speculative decoding engine and server")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -120,6 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--cache", required=True, help="a cache folder of the target's answers (train-drafter makes it)")
     cal.add_argument("--model", default=None)
     cal.set_defaults(func=cmd_calibrate)
+
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API with Ray Serve")
+    _add_engine_args(srv)
+    srv.set_defaults(drafter="default")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--replicas", type=int, default=1)
+    srv.add_argument("--drafter-mode", default="actor", choices=["actor", "in_process", "none"],
+                     help="actor: a co-located draft actor per replica; in_process: inside the engine")
+    srv.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    srv.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the local Ray (default: all)")
+    srv.add_argument("--max-num-seqs", type=int, default=None)
+    srv.add_argument("--served-model-name", default=None, help="the `model` clients send")
+    srv.add_argument("--app-name", default="dspark")
+    srv.set_defaults(func=cmd_serve)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -47,7 +47,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
-    logprobs: list[dict[int, float]] | None = None  # per output token so far (the sequence's live list)
+    logprobs: list[dict[int, float]] | None = None  # per output token so far
 
 
 @dataclass
@@ -211,9 +211,9 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        token_ids = self.encode(prompt)  # a bad prompt is a 400 even when the queue is full
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests); retry later")
-        token_ids = self.encode(prompt)
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=token_ids,
@@ -277,8 +277,9 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def stats(self) -> dict:
-        """A snapshot of the engine's load and counters (plain numbers, for metrics and load signals)."""
+    def stats(self, service: bool = True) -> dict:
+        """A snapshot of the engine's load and counters (plain numbers, for metrics and load signals).
+        `service=False` skips asking the draft service (a Ray round trip when it is an actor)."""
         bm = self.block_manager
         out = {
             "num_running": len(self.scheduler.running),
@@ -297,10 +298,11 @@ class LLMEngine:
             out["spec"] = asdict(spec.counters)
             out["spec"]["last_verify_tokens"] = spec.last_verify_tokens
             out["spec"]["sps_table"] = spec.cost.table()
-            try:
-                out["spec"].update(spec.service.stats())
-            except Exception as exc:  # a dead draft actor: report it, keep serving
-                out["spec"]["service_error"] = str(exc)
+            if service:
+                try:
+                    out["spec"].update(spec.service.stats())
+                except Exception as exc:  # a dead draft actor: report it, keep serving
+                    out["spec"]["service_error"] = str(exc)
         return out
 
     @property
@@ -445,7 +447,7 @@ class LLMEngine:
             finished=seq.finished,
             finish_reason=seq.finish_reason,
             metrics=self._metrics(seq),
-            logprobs=seq.logprobs,
+            logprobs=None if seq.logprobs is None else list(seq.logprobs),  # a snapshot: readers may be elsewhere
         )
 
     def _metrics(self, seq: Sequence) -> dict:

@@ -31,6 +31,7 @@ class SeqSpec:
     """Per-sequence speculation state and metrics."""
 
     context_len: int = 0  # positions the draft service holds for this sequence
+    epoch: int = 0  # the service epoch context_len refers to (see Speculator.epoch)
     confidences: list[float] = field(default_factory=list)  # of the block being verified
     probs: torch.Tensor | None = None  # p_d of the block being verified (sampled requests)
     num_spec_steps: int = 0
@@ -69,6 +70,9 @@ class Speculator:
         self.draft_vocab = None
         self.disabled_until = 0.0
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
+        # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
+        # so each sequence rebuilds its context from scratch the next time it drafts.
+        self.epoch = 0
 
     def mode_of(self, seq: Sequence) -> SpecMode:
         return parse_speculation(seq.params.speculation) if seq.params.speculation else self.default_mode
@@ -128,6 +132,8 @@ class Speculator:
     def _draft(self, seqs: list[Sequence]):
         syncs, work = [], []
         for seq in seqs:
+            if seq.spec.epoch != self.epoch:
+                seq.spec.context_len, seq.spec.epoch = 0, self.epoch
             computed = seq.num_computed_tokens  # the anchor (last token) sits at this position
             keep = min(seq.spec.context_len, computed)
             syncs.append(ContextSync(seq.request_id, keep, seq.taps.view()[keep:computed]))
@@ -140,8 +146,7 @@ class Speculator:
         except Exception as exc:  # a dead or failing draft service: decode plainly, rebuild contexts later
             self.counters.fallbacks += 1
             self.disabled_until = time.monotonic() + RETRY_AFTER_FAILURE_S
-            for seq in seqs:
-                seq.spec.context_len = 0
+            self.epoch += 1
             log.warning("draft service failed (%s); plain decoding for %.0f s", exc, RETRY_AFTER_FAILURE_S)
             return None
         seconds = time.perf_counter() - t0

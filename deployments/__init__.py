@@ -1,0 +1,1 @@
+"""Ray Serve application: OpenAI-compatible HTTP in front of DSpark engine replicas (see deployments/app.py)."""

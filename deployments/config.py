@@ -1,0 +1,128 @@
+"""The serving config: engine, drafter placement, replicas, request limits and the Serve deployment options.
+
+Everything a deployment needs lives here (pydantic), so `configs/serve.yaml` can carry it unchanged as the
+application's `args` and code never hard-codes resources.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine.config import EngineConfig
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class RequestLimits(BaseModel):
+    """Per-request limits checked by the ingress before anything reaches an engine (violations are HTTP 4xx)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="default: the engine's max_model_len - 1")
+    max_tokens: int = Field(8192, ge=1, description="largest max_tokens a request may ask for")
+    default_chat_max_tokens: int = Field(
+        2048, ge=1, description="chat without max_tokens: this, capped by the room left in the context")
+    default_completion_max_tokens: int = Field(16, ge=1, description="completions without max_tokens (OpenAI: 16)")
+    max_n: int = Field(8, ge=1, description="largest n (choices per prompt)")
+    max_choices: int = Field(32, ge=1, description="largest (number of prompts) x n in one request")
+    max_stop: int = Field(16, ge=0, description="most stop strings per request")
+    max_stop_chars: int = Field(256, ge=1, description="longest stop string")
+    max_messages: int = Field(512, ge=1, description="most chat messages per request")
+    max_logprobs: int = Field(20, ge=0, le=64, description="largest logprobs / top_logprobs")
+
+
+class DraftActorOptions(BaseModel):
+    """The draft actor of each replica (drafter_mode 'actor'). It is placed in the replica's own placement-group
+    bundle, so with GPUs give the replica and the actor fractions of one GPU (e.g. 0.5 each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1, ge=0)
+    num_gpus: float = Field(0, ge=0)
+    max_restarts: int = Field(-1, ge=-1, description="-1: restart forever; contexts are rebuilt from the taps")
+    step_timeout_s: float = Field(30, gt=0, description="a draft round slower than this counts as a failure")
+    startup_timeout_s: float = Field(600, gt=0)
+    num_threads: int | None = Field(None, ge=1, description="torch threads; default: num_cpus (at least 1)")
+
+
+class DeploymentOptions(BaseModel):
+    """Serve options of one deployment (passed to `Deployment.options`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ray_actor_options: dict = Field(default_factory=lambda: {"num_cpus": 1})
+    max_ongoing_requests: int = Field(256, ge=1)
+    max_queued_requests: int = Field(-1, ge=-1, description="per caller; beyond it: HTTP 503. -1: unbounded")
+    health_check_period_s: float | None = None
+    health_check_timeout_s: float | None = None
+    graceful_shutdown_timeout_s: float | None = None
+
+    def serve_options(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+class LLMServingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(drafter="default"))
+    served_model_name: str | None = Field(
+        None, description="the `model` clients send; default: SmolLM2-135M-Instruct or engine.model as given")
+    drafter_mode: Literal["actor", "in_process", "none"] = Field(
+        "actor", description="actor: a co-located Ray actor per replica; in_process: inside the engine; none: off")
+    num_replicas: int = Field(1, ge=1)
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+    torch_threads: int | None = Field(None, ge=1, description="engine threads per replica; default: its num_cpus")
+    # Serve deployment options.
+    llm: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(max_queued_requests=1024))
+    draft_actor: DraftActorOptions = Field(default_factory=DraftActorOptions)
+    placement_group_bundles: list[dict[str, float]] | None = Field(
+        None, description="per replica; default (actor mode): one bundle holding the replica and its draft actor")
+    placement_group_strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "STRICT_PACK"
+    ingress: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(
+        ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096))
+    ingress_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> LLMServingConfig:
+        if self.drafter_mode == "actor" and self.placement_group_bundles is not None:
+            first = self.placement_group_bundles[0] if self.placement_group_bundles else {}
+            need = self.replica_bundle()
+            short = {k: v for k, v in need.items() if first.get(k, 0) + 1e-9 < v}
+            if short:
+                raise ValueError(f"placement_group_bundles[0] must hold the replica and its draft actor: needs {need}")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.engine.model or DEFAULT_MODEL_NAME
+
+    @property
+    def uses_draft_actor(self) -> bool:
+        return self.drafter_mode == "actor" and self.engine.drafter not in (None, "none")
+
+    def replica_bundle(self) -> dict[str, float]:
+        """Bundle 0: the replica's resources plus its draft actor's, so both land on one node (and one GPU)."""
+        opts = self.llm.ray_actor_options
+        cpus = float(opts.get("num_cpus", 1)) + self.draft_actor.num_cpus
+        gpus = float(opts.get("num_gpus", 0)) + self.draft_actor.num_gpus
+        bundle = {"CPU": cpus}
+        if gpus:
+            bundle["GPU"] = gpus
+        for name, amount in (opts.get("resources") or {}).items():
+            bundle[name] = float(amount)
+        return bundle
+
+    def llm_deployment_options(self) -> dict:
+        options = {**self.llm.serve_options(), "num_replicas": self.num_replicas}
+        if self.uses_draft_actor:
+            options["placement_group_bundles"] = self.placement_group_bundles or [self.replica_bundle()]
+            options["placement_group_strategy"] = self.placement_group_strategy
+        elif self.placement_group_bundles:
+            options["placement_group_bundles"] = self.placement_group_bundles
+            options["placement_group_strategy"] = self.placement_group_strategy
+        return options
+
+    def ingress_deployment_options(self) -> dict:
+        return {**self.ingress.serve_options(), "num_replicas": self.ingress_replicas}

@@ -1,0 +1,404 @@
+"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health.
+
+It validates and tokenizes requests (the chat template comes from the tokenizer), enforces the request limits, and
+talks to the LLM replicas through a DeploymentHandle: one call per choice, streaming calls for SSE. Every error is
+`{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status, and the server keeps serving.
+"""
+# No `from __future__ import annotations`, and every helper is defined above the class: Serve's class-based ingress
+# rebuilds the route methods with a snapshot of the globals they use, taken when the class is decorated, and FastAPI
+# must see the real `Request` annotation.
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.config import LLMServingConfig
+from deployments.openai_protocol import (APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                         ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
+                                         ChatMessageOut, CompletionChoice, CompletionChunk, CompletionLogprobs,
+                                         CompletionRequest, CompletionResponse, DeltaMessage, ModelCard, ModelList,
+                                         ResponseMetrics, SpeculativeDecodingMetrics, TokenLogprob, TopLogprob,
+                                         UsageInfo, random_id, validation_message)
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("ray.serve")
+app = FastAPI(title="dspark-serve", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(APIError)
+async def _api_error(_, exc: APIError):
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_, exc: StarletteHTTPException):
+    return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_, exc: RequestValidationError):
+    return JSONResponse(APIError(400, validation_message(exc)).body(), status_code=400)
+
+
+def _metrics(per_choice: list[dict | None]) -> ResponseMetrics:
+    return ResponseMetrics(speculative_decoding=SpeculativeDecodingMetrics.total([m or {} for m in per_choice]))
+
+
+def _sse_data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _wrap_seed(seed: int) -> int:
+    """seed + j for choice j, kept inside torch's 64-bit seed range."""
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
+def _routing_error(exc: Exception) -> APIError:
+    if isinstance(exc, BackPressureError):
+        return APIError(503, f"the server is overloaded (too many queued requests); retry later: {exc}")
+    if isinstance(exc, DeploymentUnavailableError):
+        return APIError(503, f"no LLM replica is available: {exc}")
+    log.exception("LLM call failed")
+    return APIError(500, f"internal error: {exc!r}")
+
+
+def _error_item(exc: Exception) -> dict:
+    err = _routing_error(exc)
+    return {"error": err.message, "status": err.status}
+
+
+async def _merge(gens) -> AsyncIterator[tuple[int, dict]]:
+    """Items of several streams as they come, tagged with the stream's index; a failing stream ends with an
+    error item."""
+    if len(gens) == 1:
+        try:
+            async for item in gens[0]:
+                yield 0, item
+        except Exception as exc:
+            yield 0, _error_item(exc)
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, gen):
+        try:
+            async for item in gen:
+                await queue.put((i, item))
+        except Exception as exc:
+            await queue.put((i, _error_item(exc)))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        live = len(gens)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+class _Choice:
+    """One choice of a request: its prompt, its engine call and what has been streamed so far."""
+
+    def __init__(self, index: int, prompt_index: int, prompt: list[int], params: dict):
+        self.index, self.prompt_index, self.prompt, self.params = index, prompt_index, prompt, params
+        self.text_len = 0
+        self.num_output_tokens = 0
+        self.metrics: dict = {}
+        self.started = False
+        self.finished = False
+
+
+@serve.ingress(app)
+class OpenAIIngress:
+    def __init__(self, llm: DeploymentHandle, config: LLMServingConfig):
+        from transformers import AutoTokenizer
+
+        from engine.loader import resolve_model
+
+        self.llm = llm
+        self.llm_stream = llm.options(stream=True)
+        self.config = config
+        self.limits = config.limits
+        self.model_name = config.model_name
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.engine.model))
+        self._info: dict | None = None
+
+    # ----- routes ------------------------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self):
+        try:
+            state = await asyncio.wait_for(self.llm.health.remote(), timeout=10)
+        except Exception as exc:
+            raise APIError(503, f"no healthy LLM replica: {exc!r}")
+        if not state["alive"]:
+            raise APIError(503, f"engine not running: {state['reason']}")
+        return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats(self):
+        """Engine statistics of one replica (the one the router picks)."""
+        return await self.llm.stats.remote()
+
+    @app.get("/v1/models")
+    async def models(self):
+        info = await self._engine_info()
+        return ModelList(data=[ModelCard(id=self.model_name, max_model_len=info["max_model_len"])]).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        req = await self._parse(request, CompletionRequest)
+        try:
+            prompts = [self._encode_text(p) if isinstance(p, str) else p for p in req.prompts()]
+        except ValueError as exc:
+            raise APIError(400, str(exc), "prompt")
+        if req.logprobs is not None and req.logprobs > self.limits.max_logprobs:
+            raise APIError(400, f"logprobs must be at most {self.limits.max_logprobs}", "logprobs")
+        choices = await self._plan(req, prompts, req.logprobs, self.limits.default_completion_max_tokens)
+        rid = random_id("cmpl")
+        if req.stream:
+            return await self._stream(rid, req, choices, chat=False)
+        results = await self._run(rid, choices)
+        out = []
+        for c, r in zip(choices, results):
+            lp = self._completion_logprobs(r["logprobs"], req.logprobs, 0) if req.logprobs is not None else None
+            out.append(CompletionChoice(index=c.index, text=r["text"], logprobs=lp, finish_reason=r["finish_reason"]))
+        resp = CompletionResponse(id=rid, model=self.model_name, choices=out, usage=self._usage(choices, results),
+                                  metrics=_metrics([r.get("metrics") for r in results]))
+        return JSONResponse(resp.model_dump())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        req = await self._parse(request, ChatCompletionRequest)
+        if len(req.messages) > self.limits.max_messages:
+            raise APIError(400, f"at most {self.limits.max_messages} messages per request", "messages")
+        if req.top_logprobs is not None:
+            if not req.logprobs:
+                raise APIError(400, "top_logprobs requires logprobs=true", "top_logprobs")
+            if req.top_logprobs > self.limits.max_logprobs:
+                raise APIError(400, f"top_logprobs must be at most {self.limits.max_logprobs}", "top_logprobs")
+        try:
+            prompt = list(self.tokenizer.apply_chat_template(
+                [m.as_template_dict() for m in req.messages], add_generation_prompt=True, tokenize=True,
+                return_dict=True)["input_ids"])
+        except Exception as exc:  # a template that rejects the conversation (e.g. roles out of order)
+            raise APIError(400, f"cannot apply the chat template: {exc}", "messages")
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        choices = await self._plan(req, [prompt], k, self.limits.default_chat_max_tokens)
+        rid = random_id("chatcmpl")
+        if req.stream:
+            return await self._stream(rid, req, choices, chat=True)
+        results = await self._run(rid, choices)
+        out = [ChatChoice(index=c.index, message=ChatMessageOut(content=r["text"]), finish_reason=r["finish_reason"],
+                          logprobs=self._chat_logprobs(r["logprobs"], k) if k is not None else None)
+               for c, r in zip(choices, results)]
+        resp = ChatCompletionResponse(id=rid, model=self.model_name, choices=out, usage=self._usage(choices, results),
+                                      metrics=_metrics([r.get("metrics") for r in results]))
+        return JSONResponse(resp.model_dump())
+
+    # ----- validation ------------------------------------------------------------------------------------------
+
+    async def _parse(self, request: Request, cls):
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"request body is {declared} bytes; the limit is {limit}")
+        body = await request.body()
+        if len(body) > limit:
+            raise APIError(413, f"request body is {len(body)} bytes; the limit is {limit}")
+        try:
+            req = cls.model_validate_json(body)
+        except ValidationError as exc:
+            raise APIError(400, validation_message(exc))
+        if req.model is not None and req.model != self.model_name:
+            raise APIError(404, f"The model `{req.model}` does not exist. Served: `{self.model_name}`", "model")
+        return req
+
+    def _encode_text(self, text: str) -> list[int]:
+        # Exactly what LLMEngine.encode does for a string, so HTTP and in-process answers match.
+        ids = self.tokenizer(text, add_special_tokens=True).input_ids
+        if not ids:
+            raise ValueError("prompt is empty")
+        return list(ids)
+
+    async def _engine_info(self) -> dict:
+        if self._info is None:
+            try:
+                self._info = await self.llm.info.remote()
+            except Exception as exc:
+                raise APIError(503, f"no LLM replica is available: {exc!r}")
+        return self._info
+
+    async def _plan(self, req, prompts: list[list[int]], logprobs: int | None, default_max: int) -> list[_Choice]:
+        """Check the limits and build one engine request per (prompt, n)."""
+        lim = self.limits
+        if req.n > lim.max_n:
+            raise APIError(400, f"n must be at most {lim.max_n}", "n")
+        if len(prompts) * req.n > lim.max_choices:
+            raise APIError(400, f"at most {lim.max_choices} choices (prompts x n) per request", "n")
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stops) > lim.max_stop:
+            raise APIError(400, f"at most {lim.max_stop} stop strings", "stop")
+        if any(len(s) > lim.max_stop_chars for s in stops):
+            raise APIError(400, f"stop strings must be at most {lim.max_stop_chars} characters", "stop")
+        max_len = (await self._engine_info())["max_model_len"]
+        max_prompt = min(lim.max_prompt_tokens or max_len - 1, max_len - 1)
+        requested = req.requested_max_tokens()
+        if requested is not None and not 1 <= requested <= lim.max_tokens:
+            raise APIError(400, f"max_tokens must be between 1 and {lim.max_tokens}, got {requested}", "max_tokens")
+        choices = []
+        for pi, prompt in enumerate(prompts):
+            if not prompt:
+                raise APIError(400, "prompt is empty", "prompt")
+            if len(prompt) > max_prompt:
+                raise APIError(400, f"prompt has {len(prompt)} tokens; this model takes at most {max_prompt} "
+                                    f"(context {max_len} tokens including the output)", "prompt")
+            room = max_len - len(prompt)
+            if requested is not None and requested > room:
+                raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you "
+                                    f"requested {len(prompt) + requested} tokens ({len(prompt)} in the prompt, "
+                                    f"{requested} for the completion).", "max_tokens")
+            max_tokens = requested if requested is not None else min(default_max, room)
+            for j in range(req.n):
+                seed = None if req.seed is None else _wrap_seed(req.seed + j)
+                params = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, max_tokens=max_tokens,
+                              seed=seed, stop=stops or None, stop_token_ids=req.stop_token_ids,
+                              ignore_eos=req.ignore_eos, logprobs=logprobs, speculation=req.speculation)
+                try:
+                    SamplingParams(**params)  # the engine's own validation, before anything is routed
+                except ValueError as exc:
+                    raise APIError(400, str(exc))
+                choices.append(_Choice(len(choices), pi, prompt, params))
+        return choices
+
+    # ----- running ----------------------------------------------------------------------------------------------
+
+    async def _run(self, rid: str, choices: list[_Choice]) -> list[dict]:
+        calls = [self.llm.generate.remote(f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
+        try:
+            results = await asyncio.gather(*calls)
+        except BaseException as exc:
+            for call in calls:
+                call.cancel()
+            if isinstance(exc, Exception):
+                raise _routing_error(exc) from exc
+            raise  # cancelled: the client went away
+        for r in results:
+            if "error" in r:
+                raise APIError(r["status"], r["error"])
+        return results
+
+    async def _stream(self, rid: str, req, choices: list[_Choice], chat: bool):
+        gens = [self.llm_stream.stream.remote(f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
+        try:
+            # Every choice is admitted (or refused) before the response starts, so a full queue is a clean 429.
+            firsts = await asyncio.gather(*[anext(g) for g in gens])
+        except BaseException as exc:
+            for g in gens:
+                g.cancel()
+            if isinstance(exc, Exception):
+                raise _routing_error(exc) from exc
+            raise
+        refused = [f for f in firsts if "error" in f]
+        if refused:
+            for g in gens:
+                g.cancel()
+            raise APIError(refused[0]["status"], refused[0]["error"])
+        return StreamingResponse(self._sse(rid, req, choices, gens, chat), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _sse(self, rid: str, req, choices: list[_Choice], gens, chat: bool) -> AsyncIterator[str]:
+        created = int(time.time())
+        k = choices[0].params["logprobs"]
+        remaining = len(choices)
+        try:
+            async for i, item in _merge(gens):
+                c = choices[i]
+                if "error" in item:
+                    yield _sse_data(APIError(item["status"], item["error"]).body())
+                    break
+                c.num_output_tokens = item["num_output_tokens"]
+                if item["finished"]:
+                    c.finished, c.metrics = True, item.get("metrics", {})
+                    remaining -= 1
+                lp = item.get("logprobs")
+                if not (item["text"] or item["finished"] or lp or (chat and not c.started)):
+                    continue  # tokens whose text is not releasable yet (partial UTF-8, a possible stop string)
+                metrics = _metrics([x.metrics for x in choices]) if item["finished"] and not remaining else None
+                if chat:
+                    delta = DeltaMessage(content=item["text"], role=None if c.started else "assistant")
+                    chunk = ChatCompletionChunk(
+                        id=rid, created=created, model=self.model_name, metrics=metrics,
+                        choices=[ChatChunkChoice(index=c.index, delta=delta, finish_reason=item["finish_reason"],
+                                                 logprobs=self._chat_logprobs(lp, k) if lp else None)])
+                else:
+                    chunk = CompletionChunk(
+                        id=rid, created=created, model=self.model_name, metrics=metrics,
+                        choices=[CompletionChoice(
+                            index=c.index, text=item["text"], finish_reason=item["finish_reason"],
+                            logprobs=self._completion_logprobs(lp, k, c.text_len) if lp else None)])
+                c.started = True
+                c.text_len += len(item["text"])
+                yield _sse_data(chunk.model_dump(exclude_none=True))
+            else:
+                if req.include_usage:
+                    cls = ChatCompletionChunk if chat else CompletionChunk
+                    usage = self._usage(choices, [{"num_output_tokens": c.num_output_tokens} for c in choices])
+                    yield _sse_data(cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage,
+                                        metrics=_metrics([c.metrics for c in choices])).model_dump(exclude_none=True))
+            yield "data: [DONE]\n\n"
+        finally:
+            for g in gens:  # a client that went away: stop every engine request of this response
+                g.cancel()
+
+    # ----- response pieces -------------------------------------------------------------------------------------
+
+    def _usage(self, choices: list[_Choice], results: list[dict]) -> UsageInfo:
+        prompt = sum(len(p) for p in {c.prompt_index: c.prompt for c in choices}.values())
+        completion = sum(r["num_output_tokens"] for r in results)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _top(self, entry: dict, k: int) -> list[tuple[int, float]]:
+        return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+
+    def _completion_logprobs(self, entries: list[dict], k: int, offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for tid, entry in entries:
+            tok = self._token(tid)
+            out.tokens.append(tok)
+            out.token_logprobs.append(entry[tid])
+            out.top_logprobs.append({self._token(t): lp for t, lp in self._top(entry, k)})
+            out.text_offset.append(offset)
+            offset += len(tok)
+        return out
+
+    def _chat_logprobs(self, entries: list[dict], k: int) -> ChatLogprobs:
+        content = []
+        for tid, entry in entries:
+            tok = self._token(tid)
+            tops = [TopLogprob(token=(s := self._token(t)), logprob=lp, bytes=list(s.encode()))
+                    for t, lp in self._top(entry, k)]
+            content.append(TokenLogprob(token=tok, logprob=entry[tid], bytes=list(tok.encode()), top_logprobs=tops))
+        return ChatLogprobs(content=content)
+
+
+OpenAIIngressDeployment = serve.deployment(OpenAIIngress, name="OpenAIIngress")

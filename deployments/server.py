@@ -1,0 +1,188 @@
+"""The LLM deployment: one replica = one AsyncLLMEngine + its co-located draft actor.
+
+Serve creates each replica inside its own placement group (LLMServingConfig.llm_deployment_options); the replica
+creates its draft actor in bundle 0 of that group, so the actor lands on the replica's node and, with fractional
+num_gpus, on the replica's GPU. The actor is owned by the replica and dies with it.
+
+Methods return plain dicts (token ids, text deltas, metrics): the ingress turns them into OpenAI JSON. Errors come
+back as `{"error": message, "status": http_status}` items rather than exceptions, so they cross Ray intact.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import AsyncIterator
+
+import ray
+import torch
+from ray import serve
+
+from deployments.config import LLMServingConfig
+from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
+from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("ray.serve")
+
+
+def _error(exc: BaseException) -> dict:
+    if isinstance(exc, QueueFullError):
+        return {"error": str(exc), "status": 429}
+    if isinstance(exc, (ValueError, TypeError)):
+        return {"error": str(exc), "status": 400}
+    if isinstance(exc, EngineDeadError):
+        return {"error": f"this replica's engine is not running: {exc}", "status": 503}
+    if isinstance(exc, (EngineStepError, RequestAbortedError)):
+        return {"error": str(exc), "status": 500}
+    return {"error": f"internal error: {exc!r}", "status": 500}
+
+
+def _delta(out: RequestOutput) -> dict:
+    """One RequestOutput delta as plain data: only what is new, plus the totals the ingress reports."""
+    d = {"text": out.new_text, "token_ids": out.new_token_ids, "finished": out.finished,
+         "finish_reason": out.finish_reason, "num_prompt_tokens": len(out.prompt_token_ids),
+         "num_output_tokens": len(out.token_ids)}
+    if out.logprobs is not None:
+        end = len(out.token_ids)
+        start = end - len(out.new_token_ids)
+        # per new token: (token id, {token id: logprob} of the top ones and the chosen one)
+        d["logprobs"] = list(zip(out.new_token_ids, out.logprobs[start:end]))
+    if out.finished:
+        d["metrics"] = out.metrics
+    return d
+
+
+class LLMServer:
+    def __init__(self, config: LLMServingConfig):
+        self.config = config
+        threads = config.torch_threads or _assigned_cpus()
+        torch.set_num_threads(threads)  # Ray's OMP default may come after torch is imported
+        engine_cfg = config.engine
+        if config.drafter_mode != "in_process":
+            engine_cfg = engine_cfg.model_copy(update={"drafter": None})  # the actor holds it, or nobody does
+        self.draft_actor = None
+        proxy, drafter_error = None, None
+        if config.uses_draft_actor:
+            try:
+                proxy = self._start_draft_actor(config)
+            except Exception as exc:  # serve without speculation, and say why (as the engine does in-process)
+                drafter_error = f"draft actor for drafter {config.engine.drafter!r} could not start: {exc}"
+                log.error("%s; serving without speculation", drafter_error)
+                if self.draft_actor is not None:
+                    ray.kill(self.draft_actor)
+                    self.draft_actor = None
+        engine = LLMEngine(engine_cfg, draft_service=proxy)
+        if drafter_error:
+            engine.drafter_error = drafter_error
+        self.engine = AsyncLLMEngine(engine)
+        self.max_model_len = engine.max_model_len
+        self.speculation = engine.speculator is not None
+        self.drafter_error = engine.drafter_error
+        log.info("LLM replica ready: %s, speculation %s%s", config.model_name, self.speculation,
+                 f" ({self.drafter_error})" if self.drafter_error else "")
+
+    def _start_draft_actor(self, config: LLMServingConfig):
+        from transformers import AutoConfig
+
+        from draft_service.actor import DraftServiceProxy, draft_context_tokens, start_draft_actor
+        from engine.loader import resolve_device, resolve_drafter, resolve_dtype, resolve_model
+
+        ec, opts = config.engine, config.draft_actor
+        target = resolve_model(ec.model)
+        drafter = resolve_drafter(ec.drafter, AutoConfig.from_pretrained(target))  # fail here, not in the actor
+        device = resolve_device(ec.device)
+        dtype = resolve_dtype(ec.dtype, device)
+        actor_device = device if opts.num_gpus > 0 else torch.device("cpu")
+        self.draft_actor = start_draft_actor(
+            str(drafter), str(target), str(dtype).removeprefix("torch."), str(actor_device),
+            draft_context_tokens(target, ec, dtype, device), num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
+            max_restarts=opts.max_restarts, num_threads=opts.num_threads,
+            placement_group=ray.util.get_current_placement_group(), bundle_index=0)
+        return DraftServiceProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
+                                 startup_timeout_s=opts.startup_timeout_s)
+
+    # ----- requests -------------------------------------------------------------------------------------------
+
+    async def stream(self, request_id: str, prompt: list[int] | str, params: dict) -> AsyncIterator[dict]:
+        """First item: {"admitted": True} or an error; then one delta per engine output (see _delta). If the caller
+        goes away (client disconnect -> Serve cancels this generator) the request is aborted."""
+        try:
+            stream = await self.engine.add_request(request_id, prompt, SamplingParams(**params))
+        except Exception as exc:
+            yield _error(exc)
+            return
+        try:
+            yield {"admitted": True}
+            async for out in stream:
+                yield _delta(out)
+        except Exception as exc:
+            yield _error(exc)
+        finally:
+            stream.close()  # no-op when finished; aborts on cancellation or an early exit
+
+    async def generate(self, request_id: str, prompt: list[int] | str, params: dict) -> dict:
+        """The whole answer at once: text, token ids, logprobs, finish reason and metrics (or an error)."""
+        text, token_ids, logprobs, last = [], [], [], None
+        try:
+            async for out in self.engine.generate(request_id, prompt, SamplingParams(**params)):
+                last = _delta(out)
+                text.append(last["text"])
+                token_ids += last["token_ids"]
+                logprobs += last.get("logprobs", [])
+        except Exception as exc:
+            return _error(exc)
+        return {**last, "text": "".join(text), "token_ids": token_ids,
+                "logprobs": logprobs if params.get("logprobs") is not None else None}
+
+    # ----- introspection -------------------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        return {"model": self.config.model_name, "max_model_len": self.max_model_len,
+                "speculation": self.speculation, "drafter_error": self.drafter_error,
+                "drafter_mode": self.config.drafter_mode}
+
+    async def stats(self) -> dict:
+        stats = {**self.engine.stats(), "replica": serve.get_replica_context().replica_id.unique_id}
+        if self.draft_actor is not None:
+            try:
+                stats["draft_actor"] = await self.draft_actor.stats.remote()
+            except Exception as exc:
+                stats["draft_actor"] = {"error": repr(exc)}
+        return stats
+
+    async def placement(self) -> dict:
+        """Where this replica and its draft actor run (node ids and GPU ids as Ray assigned them)."""
+        ctx = ray.get_runtime_context()
+        out = {"replica": serve.get_replica_context().replica_id.unique_id, "node_id": ctx.get_node_id(),
+               "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
+               "placement_group": (pg.id.hex() if (pg := ray.util.get_current_placement_group()) else None),
+               "draft_actor": None}
+        if self.draft_actor is not None:
+            info = await self.draft_actor.info.remote()
+            out["draft_actor"] = {k: info[k] for k in ("node_id", "gpu_ids", "pid", "device")}
+        return out
+
+    def health(self) -> dict:
+        return {"alive": self.engine.is_alive, "reason": self.engine.dead_reason}
+
+    def check_health(self) -> None:
+        """Serve's health check: a dead engine thread gets this replica replaced."""
+        if not self.engine.is_alive:
+            raise RuntimeError(f"engine is not running: {self.engine.dead_reason}")
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(timeout=5)
+
+
+def _assigned_cpus() -> int:
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    except Exception:
+        cpus = 1
+    return max(1, math.floor(cpus))
+
+
+LLMDeployment = serve.deployment(LLMServer, name="LLMServer")

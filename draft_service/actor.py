@@ -1,0 +1,236 @@
+"""The draft service as a Ray actor co-located with one engine replica, and the proxy the engine calls it through.
+
+The actor holds one DraftService: the drafter's weights once, plus the draft contexts of all of that replica's
+sequences. It reads the target's embedding and lm_head itself, straight from the target's safetensors (the drafter
+shares them and checkpoints omit them), so the engine never ships weights. The engine gets a `DraftServiceProxy`,
+which looks like a DraftService (gamma, vocab_size, tap_layers, step, release, stats): `step` and `stats` are one
+`ray.get` of one remote call each, so a draft round is one round trip (`release` is sent without waiting). Tensors
+travel as CPU tensors.
+
+Failure: a proxy call on a dead actor raises, the Speculator falls back to plain decoding, and Ray restarts the actor
+(max_restarts). The restarted actor has no contexts; the first step that names a context it lost raises (see
+DraftService.step), and the Speculator then rebuilds every context from the engine's taps. While the actor is coming
+back the proxy fails fast instead of blocking the engine thread.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from draft_service.service import ContextSync, DraftService, DraftStep, DraftWork
+
+log = logging.getLogger(__name__)
+
+
+class DraftActorUnavailable(RuntimeError):
+    """The draft actor is restarting or dead; the engine decodes without drafts meanwhile."""
+
+
+def load_target_head(target_dir: str | os.PathLike, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding and lm_head weight, read tensor by tensor from its safetensors files (the rest
+    of the model is never loaded). A tied lm_head (SmolLM2) is the embedding itself."""
+    from safetensors import safe_open
+
+    folder = Path(target_dir)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = {k: folder / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            files = {k: folder / "model.safetensors" for k in f.keys()}
+
+    def read(*names: str) -> torch.Tensor | None:
+        for name in names:
+            if name in files:
+                with safe_open(str(files[name]), framework="pt") as f:
+                    return f.get_tensor(name).to(dtype)
+        return None
+
+    embed = read("model.embed_tokens.weight", "embed_tokens.weight")
+    if embed is None:
+        raise ValueError(f"no embed_tokens weight in {folder}")
+    cfg = json.loads((folder / "config.json").read_text())
+    lm_head = None if cfg.get("tie_word_embeddings", False) else read("lm_head.weight")
+    return embed, embed if lm_head is None else lm_head
+
+
+def draft_context_tokens(target_dir: str | os.PathLike, engine_config, dtype: torch.dtype, device: torch.device) -> int:
+    """The context budget the engine would give an in-process service: the tokens its KV cache holds, plus a
+    partial page per sequence (mirrors LLMEngine._init_speculation, computed from config.json alone)."""
+    from engine.attention import KVCache
+    from engine.llm_engine import CPU_KV_CACHE_DEFAULT_GB, MAX_CONTEXT_DEFAULT
+
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    if engine_config.kv_cache_memory_gb is None and device.type == "cuda":
+        # The engine sizes a GPU cache from free memory, which the actor cannot see in advance: budget every
+        # sequence a full context instead.
+        tokens = engine_config.max_num_seqs * min(engine_config.max_model_len or MAX_CONTEXT_DEFAULT,
+                                                  cfg.get("max_position_embeddings", MAX_CONTEXT_DEFAULT))
+    else:
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_block = KVCache.bytes_per_block(cfg["num_hidden_layers"], engine_config.block_size,
+                                            cfg["num_key_value_heads"], head_dim, dtype)
+        budget = int((engine_config.kv_cache_memory_gb or CPU_KV_CACHE_DEFAULT_GB) * 2**30)
+        tokens = budget // per_block * engine_config.block_size
+    return tokens + engine_config.max_num_seqs * 16
+
+
+class DraftActor:
+    """One replica's DraftService. Wrap with `ray.remote(...)` (see `start_draft_actor`) to run it as an actor."""
+
+    def __init__(self, drafter_dir: str, target_dir: str, dtype: str, device: str, max_context_tokens: int,
+                 num_threads: int | None = None):
+        from engine.loader import resolve_device, resolve_dtype
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        embed, lm_head = load_target_head(target_dir, self.dtype)
+        tied = lm_head is embed
+        embed = embed.to(self.device)
+        lm_head = embed if tied else lm_head.to(self.device)
+        self.service = DraftService.load(drafter_dir, embed, lm_head, self.dtype, self.device, max_context_tokens)
+        self.incarnation = uuid.uuid4().hex  # a restarted actor is a new incarnation
+        self.num_steps = 0
+        self.step_seconds = 0.0
+
+    def info(self) -> dict:
+        import ray
+
+        vocab = self.service.drafter.draft_vocab
+        return {
+            "gamma": self.service.gamma,
+            "vocab_size": self.service.vocab_size,
+            "tap_layers": self.service.tap_layers,
+            "draft_vocab": None if vocab is None else vocab.cpu(),
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def ping(self) -> str:
+        return self.incarnation
+
+    def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> tuple[DraftStep | None, bool]:
+        """DraftService.step, with CPU tensors out. Returns (step, whether it used the draft vocabulary): the
+        vocabulary itself never travels per step, the proxy has it from `info`."""
+        t0 = time.perf_counter()
+        step = self.service.step(syncs, work)
+        self.num_steps += 1
+        self.step_seconds += time.perf_counter() - t0
+        if step is None:
+            return None, False
+        used_vocab = step.draft_vocab is not None
+        step.draft_vocab = None
+        if step.probs is not None:
+            step.probs = step.probs.cpu()
+        return step, used_vocab
+
+    def release(self, keys: list[str]) -> None:
+        self.service.release(keys)
+
+    def stats(self) -> dict:
+        return {**self.service.stats(), "steps": self.num_steps, "step_seconds": self.step_seconds,
+                "incarnation": self.incarnation}
+
+
+def start_draft_actor(drafter_dir: str, target_dir: str, dtype: str, device: str, max_context_tokens: int, *,
+                      num_cpus: float = 1, num_gpus: float = 0, max_restarts: int = -1, name: str | None = None,
+                      num_threads: int | None = None, placement_group=None, bundle_index: int = 0, **options):
+    """Create the actor; inside a placement group it goes into `bundle_index` (the replica's own bundle, so it shares
+    the replica's node and, with fractional num_gpus, its GPU)."""
+    import ray
+
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=bundle_index)
+    cls = ray.remote(DraftActor)
+    return cls.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts, max_task_retries=0,
+                       name=name, **options).remote(drafter_dir, str(target_dir), dtype, device,
+                                                    max_context_tokens, num_threads or max(1, int(num_cpus)))
+
+
+class DraftServiceProxy:
+    """What the engine holds instead of a DraftService: `LLMEngine(config, draft_service=DraftServiceProxy(actor))`.
+    Called only from the engine thread."""
+
+    def __init__(self, actor, device: str | torch.device = "cpu", timeout_s: float = 30.0,
+                 startup_timeout_s: float = 600.0):
+        import ray
+
+        self.actor = actor
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        info = ray.get(actor.info.remote(), timeout=startup_timeout_s)  # raises if the actor could not start
+        self.info = {k: v for k, v in info.items() if k != "draft_vocab"}
+        self.gamma: int = info["gamma"]
+        self.vocab_size: int = info["vocab_size"]
+        self.tap_layers: list[int] = list(info["tap_layers"])
+        vocab = info["draft_vocab"]
+        self._draft_vocab = None if vocab is None else vocab.to(self.device)
+        self._pending_ping = None  # set after a failure: the actor is usable again once this resolves
+        self.failures = 0
+
+    def _ready(self) -> None:
+        import ray
+
+        if self._pending_ping is None:
+            return
+        done, _ = ray.wait([self._pending_ping], timeout=0)
+        if not done:
+            raise DraftActorUnavailable("the draft actor is restarting")
+        try:
+            ray.get(self._pending_ping)
+        except Exception as exc:
+            self._pending_ping = self._ping()  # dead for good: this fails fast every time
+            raise DraftActorUnavailable(f"the draft actor is unavailable: {exc}") from exc
+        self._pending_ping = None
+
+    def _ping(self):
+        # Retried by Ray while the actor restarts, so it resolves once the new incarnation is up.
+        return self.actor.ping.options(max_task_retries=-1).remote()
+
+    def _call(self, method: str, *args):
+        import ray
+
+        self._ready()
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
+        except Exception:
+            self.failures += 1
+            self._pending_ping = self._ping()
+            raise
+
+    def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> DraftStep | None:
+        # A tap slice is a view into the sequence's whole tap buffer; copy it so only the new rows are pickled.
+        syncs = [ContextSync(s.key, s.keep, None if s.taps is None else s.taps.detach().to("cpu", copy=True))
+                 for s in syncs]
+        step, used_vocab = self._call("step", syncs, work)
+        if step is None:
+            return None
+        if used_vocab:
+            step.draft_vocab = self._draft_vocab
+        if step.probs is not None and step.probs.device != self.device:
+            step.probs = step.probs.to(self.device)
+        return step
+
+    def release(self, keys: list[str]) -> None:
+        # Fire and forget: the actor runs one caller's calls in order, so the next step already sees the release,
+        # and a step does not pay a second round trip when sequences finish. A restarting actor lost them anyway.
+        if self._pending_ping is None:
+            self.actor.release.remote(list(keys))
+
+    def stats(self) -> dict:
+        return self._call("stats")

@@ -1,0 +1,277 @@
+"""LLMEngine for asyncio servers: one engine thread steps the engine; coroutines submit requests and read deltas.
+
+LLMEngine is not thread-safe, so only the engine thread touches it. Coroutines put `add`/`abort` commands in an inbox
+that the engine thread drains at the start of every iteration, and the engine thread hands results back to each
+request's own event loop with `call_soon_threadsafe`. While there is no work the thread sleeps on a condition.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_STEP_FAILURES = 3  # then the engine is declared dead (check_health fails, Serve replaces it)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shutdown or repeated step failures); the request cannot run here."""
+
+
+class EngineStepError(RuntimeError):
+    """An engine step raised; every request in flight at that moment is failed with this error."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The request was aborted by `abort()` while a consumer was still reading it."""
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    admitted: asyncio.Future  # result None once add_request succeeded, or its exception
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | BaseException
+
+
+class RequestStream:
+    """The outputs of one admitted request. Iterating yields RequestOutput deltas (several pending deltas are merged
+    into one, so a slow reader does not fall behind); leaving early (break, cancellation, aclose) aborts the
+    request in the engine."""
+
+    def __init__(self, engine: AsyncLLMEngine, req: _Request):
+        self._engine = engine
+        self._req = req
+        self.finished = False
+
+    @property
+    def request_id(self) -> str:
+        return self._req.request_id
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        q = self._req.queue
+        try:
+            while not self.finished:
+                items = [await q.get()]
+                while not q.empty():
+                    items.append(q.get_nowait())
+                merged = None
+                for item in items:
+                    if isinstance(item, BaseException):
+                        self.finished = True  # the engine already dropped the request
+                        if merged is not None:
+                            yield merged
+                        raise item
+                    merged = item if merged is None else _merge(merged, item)
+                self.finished = merged.finished
+                yield merged
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Abort the request if it has not finished (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self._req.request_id)
+
+
+def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """b is newer: keep its cumulative fields and prepend a's delta."""
+    return dataclasses.replace(b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._inbox: list[tuple] = []
+        self._requests: dict[str, _Request] = {}  # engine thread only: admitted, unfinished requests
+        self._stopping = False
+        self._dead: str | None = None  # why the engine thread stopped
+        self._consecutive_failures = 0
+        self._stats: dict = {}
+        self._publish_stats()
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config=None, draft_service=None, **overrides) -> AsyncLLMEngine:
+        return cls(LLMEngine(config, draft_service=draft_service, **overrides))
+
+    # ----- the asyncio side ---------------------------------------------------------------------------------------
+
+    async def add_request(self, request_id: str, prompt: str | list[int],
+                          params: SamplingParams | None = None) -> RequestStream:
+        """Admit a request and return its stream. Raises what LLMEngine.add_request raises (QueueFullError for a
+        full queue, ValueError for a bad prompt or a duplicate id), or EngineDeadError."""
+        loop = asyncio.get_running_loop()
+        req = _Request(request_id, prompt, params or SamplingParams(), loop, loop.create_future())
+        self._submit(("add", req))
+        try:
+            await req.admitted
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add may already have happened
+            raise
+        return RequestStream(self, req)
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output deltas until it finishes. Cancelling the consumer aborts the request within one
+        engine step (its KV blocks and draft context are freed)."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request at the start of the next engine iteration (no-op if unknown or finished). Thread-safe."""
+        self._submit(("abort", request_id), check_alive=False)
+
+    def stats(self) -> dict:
+        """A snapshot published by the engine thread after every iteration (reading the engine here would race)."""
+        return dict(self._stats)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead if self._dead else (None if self._thread.is_alive() else "engine thread exited")
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still in flight fail with EngineDeadError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _submit(self, command: tuple, check_alive: bool = True) -> None:
+        with self._cond:
+            if check_alive and (self._dead or self._stopping):
+                raise EngineDeadError(f"the engine is not running: {self._dead or 'shutting down'}")
+            self._inbox.append(command)
+            self._cond.notify()
+
+    # ----- the engine thread --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    commands, self._inbox = self._inbox, []
+                for command in commands:
+                    self._apply(command)
+                if commands:
+                    self._publish_stats()  # admissions and aborts show before the (longer) step
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                self._publish_stats()
+        except BaseException as exc:  # a bug here must not leave requests hanging
+            log.exception("engine thread crashed")
+            self._dead = f"engine thread crashed: {exc!r}"
+        finally:
+            with self._cond:
+                self._dead = self._dead or "the engine was shut down"
+                commands, self._inbox = self._inbox, []
+            for command in commands:
+                if command[0] == "add":
+                    _resolve(command[1], EngineDeadError(self._dead))
+            self._fail_all(EngineDeadError(self._dead))
+            self._publish_stats()
+
+    def _apply(self, command: tuple) -> None:
+        kind, arg = command
+        if kind == "add":
+            req: _Request = arg
+            if req.admitted.done():  # the caller went away before admission (cancelled): nothing to do
+                return
+            try:
+                self.engine.add_request(req.request_id, req.prompt, req.params)
+            except Exception as exc:  # QueueFullError, ValueError: the caller's error, not the engine's
+                _resolve(req, exc)
+                return
+            self._requests[req.request_id] = req
+            _resolve(req, None)
+        elif kind == "abort":
+            req = self._requests.pop(arg, None)
+            self.engine.abort_request(arg)
+            if req is not None:
+                _deliver(req, RequestAbortedError(f"request {arg} was aborted"))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._consecutive_failures += 1
+            log.exception("engine step failed (%d in a row)", self._consecutive_failures)
+            self._fail_all(EngineStepError(f"engine step failed: {exc!r}"))
+            if self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                self._dead = f"{self._consecutive_failures} engine steps failed in a row; last: {exc!r}"
+                self._stopping = True
+            return
+        self._consecutive_failures = 0
+        for out in outputs:
+            req = self._requests.get(out.request_id)
+            if req is None:
+                continue
+            if out.finished:
+                del self._requests[out.request_id]
+            _deliver(req, out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        requests, self._requests = self._requests, {}
+        for rid, req in requests.items():
+            try:
+                self.engine.abort_request(rid)  # free its blocks if the engine state still allows it
+            except Exception:
+                pass
+            _deliver(req, exc)
+
+    def _publish_stats(self) -> None:
+        # Without the draft-service call (a Ray round trip with a draft actor, too slow for every step;
+        # LLMServer.stats asks the actor itself), plus this wrapper's own keys.
+        self._stats = {**self.engine.stats(service=False), "in_flight": len(self._requests),
+                       "alive": self._dead is None, "dead_reason": self._dead, "time": time.time()}
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+        pass
+
+
+def _resolve(req: _Request, exc: BaseException | None) -> None:
+    def settle():
+        if not req.admitted.done():
+            if exc is None:
+                req.admitted.set_result(None)
+            else:
+                req.admitted.set_exception(exc)
+
+    _call(req.loop, settle)
+
+
+def _deliver(req: _Request, item) -> None:
+    _call(req.loop, req.queue.put_nowait, item)

@@ -1,0 +1,366 @@
+"""The Ray Serve application over real HTTP: OpenAI completions and chat (plain, SSE, the official client), greedy
+answers equal to the in-process engine, speculative metrics, bad input -> 4xx in OpenAI's error shape, a full queue
+-> 429, and client disconnects freeing the engine's KV blocks and draft contexts.
+
+One module-scoped local Ray cluster, one app on a free port, tiny random models (float64, so greedy comparisons are
+exact) and a tiny random drafter in a co-located draft actor with `fixed:3` speculation, so speculation really runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from deployments.config import LLMServingConfig, RequestLimits
+from engine import EngineConfig, LLMEngine, SamplingParams
+from tests.conftest import make_tiny_model
+from tests.test_serve_async_engine import make_tiny_drafter
+
+httpx = pytest.importorskip("httpx")
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+SPEC_KEYS = {"mean_acceptance_length", "acceptance_rate", "num_spec_steps", "num_draft_tokens", "num_accepted_tokens"}
+LONG = {"max_tokens": 900, "ignore_eos": True, "temperature": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, default_tokenizer):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    folder = tmp_path_factory.mktemp("serve")
+    target = make_tiny_model("llama", folder / "target", default_tokenizer)
+    drafter = make_tiny_drafter(folder / "drafter", len(default_tokenizer))
+    engine_cfg = EngineConfig(model=str(target), dtype="float64", device="cpu", kv_cache_memory_gb=0.05,
+                              drafter=str(drafter), speculation="fixed:3", max_num_seqs=2, max_waiting=4,
+                              max_num_batched_tokens=128)
+    config = LLMServingConfig(engine=engine_cfg, served_model_name="tiny", drafter_mode="actor",
+                              limits=RequestLimits(max_body_bytes=64 * 1024, max_n=4, max_stop=4, max_tokens=2048))
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=8, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
+    app_name = f"dspark-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(config), name=app_name, route_prefix="/")
+        base = f"http://127.0.0.1:{port}"
+        # Serve binds with SO_REUSEPORT: make sure this port answers with our own app.
+        assert httpx.get(f"{base}/-/routes", timeout=10).json() == {"/": app_name}
+        yield SimpleNamespace(base=base, config=config, engine_cfg=engine_cfg, tokenizer=default_tokenizer)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.base, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """The in-process engine with the same config: what greedy HTTP answers must equal."""
+    engine = LLMEngine(server.engine_cfg)
+    assert engine.speculator is not None
+    counter = iter(range(10**9))
+
+    def run(prompt, params: SamplingParams):
+        rid = f"ref{next(counter)}"
+        engine.add_request(rid, prompt, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished and out.request_id == rid:
+                    return out
+
+    return run
+
+
+def chat_ids(tokenizer, messages):
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
+
+
+def sse_events(response) -> list:
+    """The `data:` payloads of an SSE response, parsed; the final [DONE] stays a string."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+        else:
+            assert line == "", line
+    return events
+
+
+def wait_idle(client, timeout=20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = client.get("/stats").json()
+        idle = (stats["num_running"], stats["num_waiting"], stats["in_flight"], stats["kv_blocks_used"]) == (0, 0, 0, 0)
+        if idle and stats.get("draft_actor", {}).get("live_contexts") == 0:
+            return stats
+        assert time.monotonic() < deadline, f"the engine did not become idle: {stats}"
+        time.sleep(0.1)
+
+
+# ----- happy paths --------------------------------------------------------------------------------------------
+
+
+def test_routes_models_health(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
+    assert models["data"][0]["max_model_len"] == 1024
+
+
+@pytest.mark.parametrize("prompt", ["Hello there", "The capital of France is", [5, 17, 300, 42]])
+def test_completion_greedy_equals_in_process_engine(client, reference, prompt):
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 24,
+                                             "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = reference(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": 24,
+                             "total_tokens": len(want.prompt_token_ids) + 24}
+    sd = body["metrics"]["speculative_decoding"]
+    assert set(sd) == SPEC_KEYS and sd["num_spec_steps"] > 0 and sd["num_draft_tokens"] > 0
+    assert sd["num_spec_steps"] == want.metrics["num_spec_steps"]
+
+
+def test_chat_greedy_equals_in_process_engine(server, client, reference):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
+    r = client.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 20,
+                                                  "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = reference(chat_ids(server.tokenizer, messages), SamplingParams(max_tokens=20))
+    choice = body["choices"][0]
+    assert body["object"] == "chat.completion"
+    assert choice["message"] == {"role": "assistant", "content": want.text}
+    assert choice["finish_reason"] == want.finish_reason
+    assert body["usage"]["completion_tokens"] == len(want.token_ids)
+    assert body["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+
+
+def test_streaming_completion_and_chat_sse(server, client, reference):
+    want = reference("Hello there", SamplingParams(max_tokens=16, ignore_eos=True))
+    req = {"prompt": "Hello there", "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
+    with client.stream("POST", "/v1/completions", json=req) as r:
+        assert r.status_code == 200
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "text_completion" for c in chunks) and len(chunks) > 1
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want.text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert set(chunks[-1]["metrics"]["speculative_decoding"]) == SPEC_KEYS
+    assert all("usage" not in c for c in chunks)
+
+    messages = [{"role": "user", "content": "Hi"}]
+    want = reference(chat_ids(server.tokenizer, messages), SamplingParams(max_tokens=12))
+    req = {"messages": messages, "max_tokens": 12, "temperature": 0, "stream": True,
+           "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=req) as r:
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    *chunks, usage = events[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want.text
+    assert chunks[-1]["choices"][0]["finish_reason"] == want.finish_reason
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(want.token_ids)
+    assert usage["usage"]["prompt_tokens"] == len(want.prompt_token_ids)
+    assert usage["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+
+
+def test_official_openai_client(server, reference):
+    openai = pytest.importorskip("openai")
+    oc = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in oc.models.list()] == ["tiny"]
+    want = reference("Once upon a time", SamplingParams(max_tokens=10, ignore_eos=True))
+    out = oc.completions.create(model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0,
+                                extra_body={"ignore_eos": True})
+    assert out.choices[0].text == want.text and out.usage.completion_tokens == 10
+    assert out.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+    # Speculation per request: `off` verifies nothing and answers the same.
+    out = oc.completions.create(model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0,
+                                extra_body={"ignore_eos": True, "speculation": "off"})
+    assert out.choices[0].text == want.text
+    assert out.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] == 0
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    want = reference(chat_ids(server.tokenizer, messages), SamplingParams(max_tokens=12))
+    chat = oc.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    assert chat.choices[0].message.content == want.text
+    stream = oc.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True,
+                                        stream_options={"include_usage": True})
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == want.text and usage.completion_tokens == len(want.token_ids)
+
+
+def test_n_batch_prompts_and_seeds(client):
+    req = {"prompt": ["Hello", "Goodbye"], "n": 2, "max_tokens": 8, "temperature": 0.9, "seed": 11,
+           "ignore_eos": True}
+    a = client.post("/v1/completions", json=req).json()
+    b = client.post("/v1/completions", json=req).json()
+    assert [c["index"] for c in a["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in a["choices"]] == [c["text"] for c in b["choices"]]  # seeded: reproducible
+    assert a["choices"][0]["text"] != a["choices"][1]["text"]  # seeds 11 and 12
+    single = client.post("/v1/completions", json={**req, "prompt": "Hello", "n": 1}).json()
+    assert single["choices"][0]["text"] == a["choices"][0]["text"]
+    assert a["usage"]["completion_tokens"] == 32
+    # Streaming n=2: both choices arrive, each with its own finish chunk.
+    with client.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 6, "temperature": 0.9,
+            "seed": 5, "ignore_eos": True, "stream": True}) as r:
+        events = sse_events(r)
+    finished = [c["choices"][0]["index"] for c in events[:-1] if c["choices"][0].get("finish_reason")]
+    assert sorted(finished) == [0, 1]
+    assert "metrics" in events[-2]
+
+
+def test_logprobs(client):
+    r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 5, "temperature": 0, "logprobs": 2,
+                                             "ignore_eos": True}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 5
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert all(len(t) == 2 and max(t.values()) == pytest.approx(v) for t, v in zip(lp["top_logprobs"],
+                                                                                  lp["token_logprobs"]))
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                                  "temperature": 0, "logprobs": True, "top_logprobs": 3}).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == r["usage"]["completion_tokens"]
+    assert all(len(c["top_logprobs"]) == 3 and c["logprob"] <= 0 for c in content)
+
+
+# ----- bad input ----------------------------------------------------------------------------------------------
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+BAD = [
+    ("malformed json", "POST", C, {"content": b'{"prompt": "hi",'}, 400),
+    ("json array", "POST", C, {"content": b"[1, 2]"}, 400),
+    ("max_tokens string", "POST", C, {"json": {"prompt": "hi", "max_tokens": "ten"}}, 400),
+    ("prompt number", "POST", C, {"json": {"prompt": 5}}, 400),
+    ("prompt missing", "POST", C, {"json": {"max_tokens": 5}}, 400),
+    ("messages string", "POST", CH, {"json": {"messages": "hello"}}, 400),
+    ("unknown model", "POST", C, {"json": {"model": "gpt-9", "prompt": "hi"}}, 404),
+    ("unknown model chat", "POST", CH, {"json": {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}},
+     404),
+    ("negative max_tokens", "POST", C, {"json": {"prompt": "hi", "max_tokens": -5}}, 400),
+    ("zero max_tokens", "POST", C, {"json": {"prompt": "hi", "max_tokens": 0}}, 400),
+    ("huge max_tokens", "POST", C, {"json": {"prompt": "hi", "max_tokens": 10**12}}, 400),
+    ("max_tokens past the context", "POST", C, {"json": {"prompt": "hi", "max_tokens": 2000}}, 400),
+    ("prompt ids longer than the context", "POST", C, {"json": {"prompt": [5] * 1500}}, 400),
+    ("text prompt longer than the context", "POST", C, {"json": {"prompt": "hello " * 1200}}, 400),
+    ("chat longer than the context", "POST", CH,
+     {"json": {"messages": [{"role": "user", "content": "hello " * 1200}]}}, 400),
+    ("NaN temperature", "POST", C, {"content": b'{"prompt": "hi", "temperature": NaN}'}, 400),
+    ("Infinity top_p", "POST", C, {"content": b'{"prompt": "hi", "top_p": Infinity}'}, 400),
+    ("temperature too high", "POST", C, {"json": {"prompt": "hi", "temperature": 5}}, 400),
+    ("negative temperature", "POST", CH, {"json": {"messages": [{"role": "user", "content": "x"}],
+                                                   "temperature": -1}}, 400),
+    ("top_p zero", "POST", C, {"json": {"prompt": "hi", "top_p": 0}}, 400),
+    ("top_p above one", "POST", C, {"json": {"prompt": "hi", "top_p": 1.5}}, 400),
+    ("top_k negative", "POST", C, {"json": {"prompt": "hi", "top_k": -5}}, 400),
+    ("invalid speculation", "POST", C, {"json": {"prompt": "hi", "speculation": "fixed:x"}}, 400),
+    ("unknown speculation", "POST", CH, {"json": {"messages": [{"role": "user", "content": "x"}],
+                                                  "speculation": "turbo"}}, 400),
+    ("speculation number", "POST", C, {"json": {"prompt": "hi", "speculation": 3}}, 400),
+    ("n too large", "POST", C, {"json": {"prompt": "hi", "n": 99}}, 400),
+    ("n zero", "POST", C, {"json": {"prompt": "hi", "n": 0}}, 400),
+    ("too many stop strings", "POST", C, {"json": {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}}, 400),
+    ("empty stop string", "POST", C, {"json": {"prompt": "hi", "stop": [""]}}, 400),
+    ("negative stop token", "POST", C, {"json": {"prompt": "hi", "stop_token_ids": [-1]}}, 400),
+    ("token id outside the vocabulary", "POST", C, {"json": {"prompt": [10**7]}}, 400),
+    ("empty prompt", "POST", C, {"json": {"prompt": ""}}, 400),
+    ("empty prompt list", "POST", C, {"json": {"prompt": []}}, 400),
+    ("seed string", "POST", C, {"json": {"prompt": "hi", "seed": "abc"}}, 400),
+    ("logprobs too many", "POST", C, {"json": {"prompt": "hi", "logprobs": 100}}, 400),
+    ("top_logprobs without logprobs", "POST", CH, {"json": {"messages": [{"role": "user", "content": "x"}],
+                                                            "top_logprobs": 2}}, 400),
+    ("presence penalty", "POST", C, {"json": {"prompt": "hi", "presence_penalty": 1.0}}, 400),
+    ("empty messages", "POST", CH, {"json": {"messages": []}}, 400),
+    ("bad role", "POST", CH, {"json": {"messages": [{"role": "robot", "content": "x"}]}}, 400),
+    ("image content", "POST", CH, {"json": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}}, 400),
+    ("body too large", "POST", C, {"json": {"prompt": "x" * 70_000}}, 413),
+    ("bad stream request", "POST", C, {"json": {"prompt": "hi", "stream": True, "temperature": -1}}, 400),
+    ("unknown route", "GET", "/v1/nope", {}, 404),
+    ("wrong method", "POST", "/v1/models", {"json": {}}, 405),
+]
+
+
+@pytest.mark.parametrize("name,method,path,kwargs,status", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_openai_error_and_server_keeps_serving(client, name, method, path, kwargs, status):
+    r = client.request(method, path, **kwargs)
+    assert r.status_code == status, (name, r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+    assert err["code"] == status
+    ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "temperature": 0})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+# ----- load: full queue, disconnects --------------------------------------------------------------------------
+
+
+def test_full_queue_is_429_and_disconnects_free_everything(client):
+    # max_num_seqs 2 and max_waiting 4: six long streams fill the engine, the seventh request is refused.
+    wait_idle(client)
+    streams = []
+    try:
+        for i in range(6):
+            cm = client.stream("POST", C, json={"prompt": f"stream {i}", "stream": True, **LONG})
+            r = cm.__enter__()
+            streams.append(cm)
+            assert r.status_code == 200, r.read()
+        deadline = time.monotonic() + 10
+        while (stats := client.get("/stats").json())["num_waiting"] != 4:  # the stats snapshot lags a step
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+        assert (stats["num_running"], stats["num_waiting"], stats["in_flight"]) == (2, 4, 6), stats
+        for path, body in ((C, {"prompt": "one more", **LONG}),
+                           (CH, {"messages": [{"role": "user", "content": "x"}], "stream": True, **LONG})):
+            r = client.post(path, json=body)
+            assert r.status_code == 429, r.text
+            assert "queue is full" in r.json()["error"]["message"] and r.json()["error"]["code"] == 429
+    finally:
+        for cm in streams:  # the clients go away mid-stream
+            cm.__exit__(None, None, None)
+    stats = wait_idle(client)
+    assert stats["requests_finished"] > 0
+    ok = client.post(C, json={"prompt": "hi", "max_tokens": 3, "temperature": 0})
+    assert ok.status_code == 200
+
+
+def test_non_streaming_client_disconnect_aborts(server, client):
+    before = wait_idle(client)["generation_tokens"]
+    with httpx.Client(base_url=server.base, timeout=1.0) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.post(C, json={"prompt": "never read", **LONG})
+    t0 = time.monotonic()
+    stats = wait_idle(client, timeout=5)  # far sooner than the 900 tokens would take
+    assert stats["generation_tokens"] - before < 600, time.monotonic() - t0

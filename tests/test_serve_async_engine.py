@@ -1,0 +1,190 @@
+"""AsyncLLMEngine: the engine thread, deltas, cancellation, admission errors, step failures, idle sleep."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+from draft_service.config import DSparkConfig
+from draft_service.model import DSparkDrafter
+from engine import EngineConfig, LLMEngine, QueueFullError, SamplingParams
+from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
+from tests.conftest import make_tiny_model
+
+LONG = SamplingParams(max_tokens=900, ignore_eos=True)
+
+
+def make_tiny_drafter(folder, vocab_size: int, taps=(0, 2)):
+    cfg = DSparkConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                       block_size=4, target_layer_ids=list(taps), mask_token_id=0, markov_rank=8,
+                       markov_head_type="vanilla", enable_confidence_head=True, confidence_head_with_markov=True)
+    torch.manual_seed(0)
+    DSparkDrafter(cfg).init_weights().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, default_tokenizer):
+    folder = tmp_path_factory.mktemp("async")
+    target = make_tiny_model("llama", folder / "target", default_tokenizer)
+    drafter = make_tiny_drafter(folder / "drafter", len(default_tokenizer))
+    eng = LLMEngine(EngineConfig(model=str(target), dtype="float64", device="cpu", kv_cache_memory_gb=0.05,
+                                 drafter=str(drafter), speculation="fixed:3", max_num_seqs=2, max_waiting=2,
+                                 max_num_batched_tokens=64))
+    assert eng.speculator is not None, eng.drafter_error
+    return eng
+
+
+@pytest.fixture
+def aengine(engine):
+    a = AsyncLLMEngine(engine)
+    yield a
+    a.shutdown()
+    assert engine.block_manager.num_used == 0
+    assert not engine.requests
+
+
+def reference(engine, prompt, params):
+    engine.add_request("ref", prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                return out
+
+
+async def wait_for(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_generate_streams_deltas_equal_to_the_engine(engine):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    want = reference(engine, "Hello there", params)
+    a = AsyncLLMEngine(engine)
+
+    async def main():
+        return [o async for o in a.generate("r", "Hello there", params)]
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        a.shutdown()
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert all(not o.finished for o in outs[:-1])
+    assert [t for o in outs for t in o.new_token_ids] == want.token_ids == outs[-1].token_ids
+    assert "".join(o.new_text for o in outs) == want.text
+    assert outs[-1].metrics["num_spec_steps"] > 0
+
+
+def test_cancelling_the_consumer_aborts_within_a_step(aengine, engine):
+    async def main():
+        seen = asyncio.Event()
+
+        async def consume():
+            async for _ in aengine.generate("c", "Hi", LONG):
+                seen.set()
+
+        task = asyncio.create_task(consume())
+        await seen.wait()
+        await wait_for(lambda: aengine.stats()["num_running"] == 1)  # the snapshot follows the outputs
+        task.cancel()
+        steps = engine.counters.steps
+        await wait_for(lambda: aengine.stats()["in_flight"] == 0 and aengine.stats()["kv_blocks_used"] == 0)
+        assert engine.counters.steps - steps <= 2  # the abort is applied at the start of the next iteration
+        assert engine.speculator.service.stats()["live_contexts"] == 0
+
+    asyncio.run(main())
+
+
+def test_queue_full_and_bad_prompts_surface_to_the_caller(aengine):
+    async def main():
+        streams = [await aengine.add_request(f"q{i}", "Hi", LONG) for i in range(4)]  # 2 running + 2 waiting
+        await wait_for(lambda: aengine.stats()["num_running"] == 2)
+        with pytest.raises(ValueError, match="already in use"):
+            await aengine.add_request("q0", "Hi", LONG)
+        with pytest.raises(QueueFullError):
+            await aengine.add_request("q-full", "Hi", LONG)
+        for s in streams:
+            s.close()
+        await wait_for(lambda: aengine.stats()["in_flight"] == 0 and aengine.stats()["num_waiting"] == 0)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await aengine.add_request("bad", [10**9], SamplingParams())
+        outs = [o async for o in aengine.generate("after", "Hi", SamplingParams(max_tokens=3))]
+        assert outs[-1].finished
+
+    asyncio.run(main())
+
+
+def test_abort_from_outside_ends_the_stream(aengine):
+    async def main():
+        stream = await aengine.add_request("x", "Hi", LONG)
+        it = aiter(stream)
+        await anext(it)
+        aengine.abort("x")
+        with pytest.raises(RequestAbortedError):
+            while True:
+                await anext(it)
+
+    asyncio.run(main())
+
+
+def test_a_failing_step_fails_the_requests_instead_of_hanging(aengine, engine, monkeypatch):
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", flaky_step)
+
+    async def main():
+        with pytest.raises(EngineStepError, match="boom"):
+            async for _ in aengine.generate("f", "Hi", LONG):
+                pass
+        outs = [o async for o in aengine.generate("ok", "Hi", SamplingParams(max_tokens=4))]  # still serving
+        assert outs[-1].finished and aengine.is_alive
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_shutdown_fails_pending_requests_and_refuses_new_ones(engine):
+    a = AsyncLLMEngine(engine)
+
+    async def main():
+        stream = await a.add_request("s", "Hi", LONG)
+        it = aiter(stream)
+        await anext(it)
+        await asyncio.to_thread(a.shutdown)
+        with pytest.raises(EngineDeadError):
+            while True:
+                await anext(it)
+        with pytest.raises(EngineDeadError):
+            await a.add_request("late", "Hi", LONG)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert not a.is_alive and engine.block_manager.num_used == 0
+
+
+def test_idle_engine_thread_sleeps(aengine):
+    thread = next(t for t in threading.enumerate() if t.name == "llm-engine" and t.is_alive())
+    proc = psutil.Process()
+
+    def cpu():
+        return next((t.user_time + t.system_time for t in proc.threads() if t.id == thread.native_id), 0.0)
+
+    before = cpu()
+    time.sleep(0.5)
+    assert cpu() - before < 0.05  # no busy-wait
+    stats = aengine.stats()
+    assert {"num_running", "num_waiting", "kv_usage", "kv_blocks_used", "steps", "spec", "alive"} <= set(stats)
+    assert stats["speculation"] and stats["spec"]["draft_rounds"] > 0 and stats["alive"]

@@ -1,0 +1,88 @@
+"""`dspark serve`: starts its own local Ray, prints the base URL when ready, answers OpenAI requests, and on SIGTERM
+shuts Serve and Ray down leaving no process behind. (The drafter runs in-process here: the actor mode is covered by
+test_serve.py and test_placement.py.)"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import make_tiny_model
+from tests.test_serve_async_engine import make_tiny_drafter
+
+httpx = pytest.importorskip("httpx")
+pytestmark = pytest.mark.slow
+DSPARK = Path(sys.executable).parent / "dspark"
+
+
+def ray_processes(tmpdir: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(tmpdir in part for part in p.info["cmdline"] or []):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def test_dspark_serve_starts_answers_and_stops_cleanly(tmp_path, default_tokenizer):
+    target = make_tiny_model("llama", tmp_path / "target", default_tokenizer)
+    drafter = make_tiny_drafter(tmp_path / "drafter", len(default_tokenizer))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [str(DSPARK), "serve", "--model", str(target), "--drafter", str(drafter), "--dtype", "float32",
+         "--speculation", "fixed:2", "--drafter-mode", "in_process", "--port", str(port), "--served-model-name",
+         "tiny", "--num-cpus", "4", "--max-num-seqs", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line, deadline = "", time.monotonic() + 240
+        while "http://" not in line:
+            assert proc.poll() is None, f"dspark serve exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "dspark serve did not become ready"
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/v1" in line
+        assert ray_processes(ray_tmp), "Ray should run under our RAY_TMPDIR"
+
+        openai = pytest.importorskip("openai")
+        oc = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        out = oc.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 6
+        assert out.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 20
+    while (left := ray_processes(ray_tmp)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [p.info["cmdline"][:3] for p in left]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_dspark_serve_refuses_a_missing_model(tmp_path):
+    out = subprocess.run([str(DSPARK), "serve", "--model", str(tmp_path / "nope")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "not found" in out.stderr
