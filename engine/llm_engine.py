@@ -14,6 +14,7 @@ from engine.attention import KVCache
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.load import LoadMonitor, StepLoad
 from engine.loader import (drafter_tap_layers, load_hf_model, resolve_device, resolve_drafter, resolve_dtype,
                            resolve_model)
 from engine.model import DecoderLM
@@ -120,6 +121,7 @@ class LLMEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.requests: dict[str, Sequence] = {}
         self.counters = EngineCounters()
+        self.load = LoadMonitor()
         self.speculator: Speculator | None = None
         if drafter_path is not None or draft_service is not None:
             self._init_speculation(draft_service, drafter_path, num_blocks)
@@ -292,6 +294,7 @@ class LLMEngine:
             **asdict(self.counters),
             "speculation": self.speculator is not None,
             "drafter_error": self.drafter_error,
+            "load": self.load.signals(bm.usage),
         }
         if self.speculator is not None:
             spec = self.speculator
@@ -325,8 +328,13 @@ class LLMEngine:
         self.counters.preemptions += len(sched.preempted)
         if not sched.scheduled:
             return []
+        load = StepLoad(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                        max_num_seqs=self.config.max_num_seqs, tokens=sched.num_tokens,
+                        token_budget=self.config.max_num_batched_tokens,
+                        decoding=sum(1 for s in sched.scheduled if s.samples))
         if self.speculator is not None:
-            self.speculator.prepare(sched, self.block_manager, self.max_model_len)
+            self.speculator.prepare(sched, self.block_manager, self.max_model_len, load)
+        self.load.observe(load)
         t_fwd = time.perf_counter()
         out = self.runner.execute(sched.scheduled)
         if self.speculator is not None:

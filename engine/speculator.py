@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draft_service.service import ContextSync, DraftWork
+from engine.load import StepLoad
 from engine.rejection_sampler import verify_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
@@ -79,11 +80,12 @@ class Speculator:
 
     # ----- before the forward -------------------------------------------------------------------------------
 
-    def prepare(self, sched: SchedulerOutput, blocks, max_model_len: int) -> None:
-        """Draft for the eligible decoding sequences and set each one's `draft_tokens`."""
+    def prepare(self, sched: SchedulerOutput, blocks, max_model_len: int, load: StepLoad) -> None:
+        """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
+        occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
         self.last_verify_tokens = 0
         decoding = [s for s in sched.scheduled if s.samples and s.num_new_tokens == 1 and s.seq.num_output_tokens]
-        base_tokens = sched.num_tokens
+        base_tokens = load.base_tokens
         eligible = []
         for s in decoding:
             seq = s.seq
@@ -92,9 +94,10 @@ class Speculator:
             room = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
             if self.mode_of(seq).kind != "off" and room > 0:
                 eligible.append((s, room))
+        load.eligible = len(eligible)
         if not eligible or time.monotonic() < self.disabled_until:
             return
-        worth = worth_drafting(len(decoding), base_tokens, self.tracker.expected_acceptance(), self.cost,
+        worth = worth_drafting(load.decoding, base_tokens, self.tracker.expected_acceptance(), self.cost,
                                self.budget, self.gamma)
         if not any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible):
             worth = True  # fixed and threshold modes draft every step, as asked
@@ -113,7 +116,7 @@ class Speculator:
             cands.append(Candidate(i, step.confidences[i], self.mode_of(seq), cap))
         corrected = {c.key: self.tracker.corrected(eligible[c.key][0].seq.request_id, c.confidences)
                      for c in cands}
-        lengths = choose_verify_lengths(cands, base_tokens, len(decoding), self.cost, self.budget, corrected)
+        lengths = choose_verify_lengths(cands, base_tokens, load.decoding, self.cost, self.budget, corrected)
         sampled_rows = {item: row for row, item in enumerate(step.sampled)}
         for i, (s, _) in enumerate(eligible):
             n = lengths[i]
@@ -127,6 +130,9 @@ class Speculator:
             self.counters.verify_length_hist[n] += 1
             self.counters.proposed_tokens += self.gamma
             self.last_verify_tokens += n
+            load.drafted += n > 0
+        load.verify_tokens = self.last_verify_tokens
+        load.tokens += self.last_verify_tokens
         self.draft_vocab = step.draft_vocab
 
     def _draft(self, seqs: list[Sequence]):
