@@ -128,7 +128,6 @@ def main() -> None:
         "sts_temperatures": temps_np.tolist(),
     }
     # Reliability: predicted survival vs observed prefix acceptance, pooled over positions.
-    bins = np.linspace(0, 1, 11)
     for name, t in (("before", np.ones(gamma)), ("after", temps_np)):
         s = survival(z, t)[v]
         lab = y[v]

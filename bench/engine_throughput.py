@@ -213,9 +213,12 @@ def print_table(report: dict) -> None:
             e = eng["results"][c]
             h = hf.get("results", {}).get(c, {}).get("tok_s")
             hb = hfb.get("results", {}).get(c, {}).get("tok_s")
+            hf_tok = f"{h:.0f}" if h else "-"
+            speedup = f"{e['tok_s'] / h:.1f}" if h else "-"
+            hfb_tok = f"{hb:.0f}" if hb else "-"
             print(f"| {dtype} | {c} | {e['tok_s']:.0f} | {e['step_ms']:.1f} | {e['linear_ms']:.1f} | "
-                  f"{e['step_ms'] / e['linear_ms']:.2f} | {h and f'{h:.0f}'} | {h and f'{e['tok_s'] / h:.1f}'} | "
-                  f"{hb and f'{hb:.0f}'} | {eng['peak_rss_mb']:.0f} / {hf.get('peak_rss_mb', 0):.0f} |")
+                  f"{e['step_ms'] / e['linear_ms']:.2f} | {hf_tok} | {speedup} | {hfb_tok} | "
+                  f"{eng['peak_rss_mb']:.0f} / {hf.get('peak_rss_mb', 0):.0f} |")
 
 
 if __name__ == "__main__":

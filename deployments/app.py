@@ -5,18 +5,26 @@
 """
 from __future__ import annotations
 
+from ray import serve
 from ray.serve import Application
 
 from deployments.config import LLMServingConfig
 from deployments.ingress import OpenAIIngressDeployment
+from deployments.metrics import MetricsHub
 from deployments.server import LLMDeployment
+
+MetricsHubDeployment = serve.deployment(MetricsHub, name="MetricsHub")
 
 
 def build_app(config: LLMServingConfig | None = None) -> Application:
-    """The OpenAI ingress in front of `num_replicas` LLM replicas (each with its own draft actor)."""
+    """The OpenAI ingress in front of the LLM replicas (each with its own draft actor): `num_replicas` of them, or
+    as many as `llm.autoscaling_config` decides; plus the metrics hub every replica pushes its samples to."""
     config = config or LLMServingConfig()
-    llm = LLMDeployment.options(**config.llm_deployment_options()).bind(config)
-    return OpenAIIngressDeployment.options(**config.ingress_deployment_options()).bind(llm, config)
+    hub = None
+    if config.metrics.enabled:
+        hub = MetricsHubDeployment.options(**config.metrics_hub_options()).bind(config.metrics.stale_after_s)
+    llm = LLMDeployment.options(**config.llm_deployment_options()).bind(config, hub)
+    return OpenAIIngressDeployment.options(**config.ingress_deployment_options()).bind(llm, config, hub)
 
 
 def app_builder(args: dict) -> Application:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DSPARK_POLICY_MODULE = "autoscale.policy"
+DSPARK_POLICY_CLASS = DSPARK_POLICY_MODULE + ":DSparkPolicy"  # Ray passes policy_kwargs only to a class
 
 
 class RequestLimits(BaseModel):
@@ -58,9 +60,50 @@ class DeploymentOptions(BaseModel):
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
     graceful_shutdown_timeout_s: float | None = None
+    autoscaling_config: dict | None = Field(
+        None, description="Serve's autoscaling_config (then num_replicas is not passed). With the dspark policy "
+                          "(policy.policy_function autoscale.policy:DSparkPolicy) Serve's upscale/downscale delays "
+                          "default to 0 and must stay 0: the policy has its own")
+
+    @field_validator("autoscaling_config")
+    @classmethod
+    def _check_autoscaling(cls, v: dict | None) -> dict | None:
+        if v is None:
+            return v
+        v = dict(v)
+        policy = v.get("policy") or {}
+        function = policy.get("policy_function", "") if isinstance(policy, dict) else ""
+        if isinstance(function, str) and function.startswith(DSPARK_POLICY_MODULE + ":"):
+            for key in ("upscale_delay_s", "downscale_delay_s"):
+                if v.setdefault(key, 0) != 0:
+                    raise ValueError(f"autoscaling_config.{key} must be 0 with {function}: the policy has its own "
+                                     f"delays (policy_kwargs), and Serve's would add to them")
+            if function == DSPARK_POLICY_CLASS:
+                from autoscale.policy import PolicyParams
+
+                try:  # unknown or inconsistent kwargs fail here, not in Serve's controller
+                    PolicyParams(**(policy.get("policy_kwargs") or {}))
+                except TypeError as exc:
+                    raise ValueError(f"policy_kwargs: {exc}") from None
+        from ray.serve.config import AutoscalingConfig
+
+        AutoscalingConfig(**v)  # Serve's own validation, at config time rather than at deploy time
+        return v
 
     def serve_options(self) -> dict:
         return self.model_dump(exclude_none=True)
+
+
+class MetricsOptions(BaseModel):
+    """Prometheus metrics at the ingress's /metrics: every replica pushes its samples to a MetricsHub deployment of
+    the app (deployments/metrics.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    push_interval_s: float = Field(1.0, gt=0, description="how often each replica pushes its snapshot")
+    stale_after_s: float = Field(10.0, gt=0, description="a replica silent this long is dropped from /metrics")
+    ray_metrics: bool = Field(True, description="also export key gauges through Ray's metrics agent")
 
 
 class LLMServingConfig(BaseModel):
@@ -71,7 +114,7 @@ class LLMServingConfig(BaseModel):
         None, description="the `model` clients send; default: SmolLM2-135M-Instruct or engine.model as given")
     drafter_mode: Literal["actor", "in_process", "none"] = Field(
         "actor", description="actor: a co-located Ray actor per replica; in_process: inside the engine; none: off")
-    num_replicas: int = Field(1, ge=1)
+    num_replicas: int = Field(1, ge=1, description="fixed replica count; not with llm.autoscaling_config")
     limits: RequestLimits = Field(default_factory=RequestLimits)
     torch_threads: int | None = Field(None, ge=1, description="engine threads per replica; default: its num_cpus")
     # Serve deployment options.
@@ -83,6 +126,7 @@ class LLMServingConfig(BaseModel):
     ingress: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096))
     ingress_replicas: int = Field(1, ge=1)
+    metrics: MetricsOptions = Field(default_factory=MetricsOptions)
 
     @model_validator(mode="after")
     def _check(self) -> LLMServingConfig:
@@ -92,6 +136,9 @@ class LLMServingConfig(BaseModel):
             short = {k: v for k, v in need.items() if first.get(k, 0) + 1e-9 < v}
             if short:
                 raise ValueError(f"placement_group_bundles[0] must hold the replica and its draft actor: needs {need}")
+        if self.llm.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("num_replicas and llm.autoscaling_config exclude each other: with autoscaling, set "
+                             "min_replicas / max_replicas / initial_replicas in autoscaling_config")
         return self
 
     @property
@@ -115,7 +162,18 @@ class LLMServingConfig(BaseModel):
         return bundle
 
     def llm_deployment_options(self) -> dict:
-        options = {**self.llm.serve_options(), "num_replicas": self.num_replicas}
+        """Options for `LLMDeployment.options`: a fixed num_replicas, or llm.autoscaling_config. For the dspark
+        policy, policy_kwargs max_num_seqs and token_budget default to this engine's limits."""
+        options = self.llm.serve_options()
+        auto = options.get("autoscaling_config")
+        if auto is None:
+            options["num_replicas"] = self.num_replicas
+        elif (auto.get("policy") or {}).get("policy_function") == DSPARK_POLICY_CLASS:
+            policy = dict(auto["policy"])
+            kwargs = dict(policy.get("policy_kwargs") or {})
+            kwargs.setdefault("max_num_seqs", self.engine.max_num_seqs)
+            kwargs.setdefault("token_budget", self.engine.max_num_batched_tokens)
+            options["autoscaling_config"] = {**auto, "policy": {**policy, "policy_kwargs": kwargs}}
         if self.uses_draft_actor:
             options["placement_group_bundles"] = self.placement_group_bundles or [self.replica_bundle()]
             options["placement_group_strategy"] = self.placement_group_strategy
@@ -125,4 +183,10 @@ class LLMServingConfig(BaseModel):
         return options
 
     def ingress_deployment_options(self) -> dict:
-        return {**self.ingress.serve_options(), "num_replicas": self.ingress_replicas}
+        options = self.ingress.serve_options()
+        if "autoscaling_config" not in options:
+            options["num_replicas"] = self.ingress_replicas
+        return options
+
+    def metrics_hub_options(self) -> dict:
+        return {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": 4096}

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health.
+"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health, and /metrics
+(Prometheus text of every replica, deployments/metrics.py).
 
 It validates and tokenizes requests (the chat template comes from the tokenizer), enforces the request limits, and
 talks to the LLM replicas through a DeploymentHandle: one call per choice, streaming calls for SSE. Every error is
@@ -15,7 +16,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
@@ -23,6 +25,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.config import LLMServingConfig
+from deployments.metrics import MetricsPusher, ingress_metrics, render
 from deployments.openai_protocol import (APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                          ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
                                          ChatMessageOut, CompletionChoice, CompletionChunk, CompletionLogprobs,
@@ -33,6 +36,19 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("ray.serve")
 app = FastAPI(title="dspark-serve", docs_url=None, redoc_url=None)
+
+
+@app.middleware("http")
+async def _count_requests(request: Request, call_next):
+    t0 = time.perf_counter()
+    status = 500
+    try:
+        response = await call_next(request)
+        status = response.status_code
+        return response
+    finally:
+        route = request.scope.get("route")
+        ingress_metrics().observe(getattr(route, "path", None) or "other", status, time.perf_counter() - t0)
 
 
 @app.exception_handler(APIError)
@@ -126,7 +142,7 @@ class _Choice:
 
 @serve.ingress(app)
 class OpenAIIngress:
-    def __init__(self, llm: DeploymentHandle, config: LLMServingConfig):
+    def __init__(self, llm: DeploymentHandle, config: LLMServingConfig, metrics_hub: DeploymentHandle = None):
         from transformers import AutoTokenizer
 
         from engine.loader import resolve_model
@@ -138,6 +154,19 @@ class OpenAIIngress:
         self.model_name = config.model_name
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.engine.model))
         self._info: dict | None = None
+        self.metrics_hub = metrics_hub
+        try:
+            self.replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:
+            self.replica_id = "ingress"
+        self.pusher = None
+        if metrics_hub is not None and config.metrics.enabled:  # so every ingress replica's /metrics has them all
+            self.pusher = MetricsPusher(metrics_hub, self.replica_id, ingress_metrics().families,
+                                        config.metrics.push_interval_s)
+
+    def __del__(self):
+        if getattr(self, "pusher", None) is not None:
+            self.pusher.stop()
 
     # ----- routes ------------------------------------------------------------------------------------------------
 
@@ -150,6 +179,19 @@ class OpenAIIngress:
         if not state["alive"]:
             raise APIError(503, f"engine not running: {state['reason']}")
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(self):
+        """Prometheus text: every replica's samples as last pushed to the metrics hub (at most ~1 s old), each with
+        a `replica` label, this ingress's own live ones, and `dspark:metrics_age_seconds` per replica."""
+        sources = {}
+        if self.metrics_hub is not None:
+            try:
+                sources = await asyncio.wait_for(self.metrics_hub.snapshot.remote(), timeout=5)
+            except Exception as exc:  # serve what this replica has; the age gauge shows the others missing
+                log.warning("metrics hub unavailable: %r", exc)
+        sources = {**sources, self.replica_id: {"time": time.time(), "families": ingress_metrics().families()}}
+        return Response(render(sources), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats(self):

@@ -4,6 +4,9 @@ Serve creates each replica inside its own placement group (LLMServingConfig.llm_
 creates its draft actor in bundle 0 of that group, so the actor lands on the replica's node and, with fractional
 num_gpus, on the replica's GPU. The actor is owned by the replica and dies with it.
 
+Each replica also publishes its engine's load signals to Serve's autoscaler (`record_autoscaling_stats`) and pushes
+its Prometheus samples to the app's metrics hub once a second (deployments/metrics.py).
+
 Methods return plain dicts (token ids, text deltas, metrics): the ingress turns them into OpenAI JSON. Errors come
 back as `{"error": message, "status": http_status}` items rather than exceptions, so they cross Ray intact.
 """
@@ -19,6 +22,8 @@ import torch
 from ray import serve
 
 from deployments.config import LLMServingConfig
+from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
+                                 process_rss_bytes)
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
 from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -54,8 +59,10 @@ def _delta(out: RequestOutput) -> dict:
 
 
 class LLMServer:
-    def __init__(self, config: LLMServingConfig):
+    def __init__(self, config: LLMServingConfig, metrics_hub=None):
+        """`metrics_hub`: a handle to the app's MetricsHub deployment (None: no pushing; see deployments/metrics.py)."""
         self.config = config
+        self.pusher = None
         threads = config.torch_threads or _assigned_cpus()
         torch.set_num_threads(threads)  # Ray's OMP default may come after torch is imported
         engine_cfg = config.engine
@@ -79,6 +86,14 @@ class LLMServer:
         self.max_model_len = engine.max_model_len
         self.speculation = engine.speculator is not None
         self.drafter_error = engine.drafter_error
+        self.replica_id = _replica_id()
+        self.metrics = ReplicaMetrics()
+        self._draft_contexts_live = 0.0
+        self._actor_stats_ref = None
+        self.ray_gauges = RayGauges({"replica": self.replica_id}) if config.metrics.ray_metrics else None
+        if metrics_hub is not None and config.metrics.enabled:
+            self.pusher = MetricsPusher(metrics_hub, self.replica_id, self.metrics_families,
+                                        config.metrics.push_interval_s)
         log.info("LLM replica ready: %s, speculation %s%s", config.model_name, self.speculation,
                  f" ({self.drafter_error})" if self.drafter_error else "")
 
@@ -112,14 +127,17 @@ class LLMServer:
         except Exception as exc:
             yield _error(exc)
             return
+        last = None
         try:
             yield {"admitted": True}
             async for out in stream:
+                last = out
                 yield _delta(out)
         except Exception as exc:
             yield _error(exc)
         finally:
             stream.close()  # no-op when finished; aborts on cancellation or an early exit
+            self._observe(last)
 
     async def generate(self, request_id: str, prompt: list[int] | str, params: dict) -> dict:
         """The whole answer at once: text, token ids, logprobs, finish reason and metrics (or an error)."""
@@ -132,6 +150,10 @@ class LLMServer:
                 logprobs += last.get("logprobs", [])
         except Exception as exc:
             return _error(exc)
+        finally:
+            if last is not None:  # finished, or aborted / failed midway (counted as "abort")
+                self.metrics.observe_finished(last["finish_reason"] if last["finished"] else None,
+                                              last.get("metrics"))
         return {**last, "text": "".join(text), "token_ids": token_ids,
                 "logprobs": logprobs if params.get("logprobs") is not None else None}
 
@@ -166,15 +188,67 @@ class LLMServer:
     def health(self) -> dict:
         return {"alive": self.engine.is_alive, "reason": self.engine.dead_reason}
 
+    # ----- load signals and metrics -------------------------------------------------------------------------------
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics: the engine's load signals (engine/load.py; names in
+        autoscale.policy.METRICS), from the engine thread's last published stats -- no engine or Ray call."""
+        return dict(self.engine.stats()["load"])
+
+    def _observe(self, out: RequestOutput | None) -> None:
+        if out is None:
+            return  # no output yet (refused, or gone before its first token): not counted
+        self.metrics.observe_finished(out.finish_reason if out.finished else None, out.metrics)
+
+    def metrics_families(self) -> list[dict]:
+        """This replica's metrics snapshot (deployments/metrics.py). Called by the pusher thread every second."""
+        stats = self.engine.stats()
+        gauges = ReplicaMetrics.gauge_values(stats, stats["load"],
+                                             draft_contexts_live=self._poll_draft_contexts(),
+                                             rss_bytes=process_rss_bytes())
+        if self.ray_gauges is not None:
+            self.ray_gauges.set(gauges)
+        return self.metrics.families(stats, gauges)
+
+    def _poll_draft_contexts(self) -> float:
+        """Live draft contexts: from the draft actor (one stats call in flight at a time, never awaited here), or
+        from the in-process draft service (a read of its pool size)."""
+        if self.draft_actor is not None:
+            ref = self._actor_stats_ref
+            if ref is not None:
+                ready, _ = ray.wait([ref], timeout=0)
+                if ready:
+                    self._actor_stats_ref = None
+                    try:
+                        self._draft_contexts_live = float(ray.get(ref).get("live_contexts", 0))
+                    except Exception:
+                        pass  # restarting: keep the last value
+            if self._actor_stats_ref is None:
+                self._actor_stats_ref = self.draft_actor.stats.remote()
+            return self._draft_contexts_live
+        spec = getattr(self.engine.engine, "speculator", None)
+        pool = getattr(getattr(spec, "service", None), "pool", None)
+        return float(getattr(pool, "num_live_contexts", 0) or 0)
+
     def check_health(self) -> None:
         """Serve's health check: a dead engine thread gets this replica replaced."""
         if not self.engine.is_alive:
             raise RuntimeError(f"engine is not running: {self.engine.dead_reason}")
 
     def __del__(self):
+        pusher = getattr(self, "pusher", None)
+        if pusher is not None:
+            pusher.stop()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(timeout=5)
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a Serve replica (tests constructing the class directly)
+        return f"pid{os.getpid()}"
 
 
 def _assigned_cpus() -> int:

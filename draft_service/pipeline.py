@@ -39,7 +39,7 @@ def parse_temperatures(text: str) -> list[tuple[float, float]]:
 def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: str,
                   temperatures: list[tuple[float, float]],
                   max_tokens: int, tap_layers: list[int], tc: TrainConfig, release_dtype=torch.bfloat16,
-                  max_prompts: int | None = None) -> Path:
+                  max_prompts: int | None = None, gen_threads: int | None = None) -> Path:
     """Generate (or reuse) the caches, train (or resume), calibrate, and write out/drafter. Returns that folder."""
     from transformers import AutoModelForCausalLM
 
@@ -50,6 +50,9 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
     caches = {"train": out / "cache" / "train", "heldout": out / "cache" / "heldout"}
     jobs = {"train": (load_prompt_file(prompts), temperatures), "heldout": (load_prompt_file(eval_prompts), [(0.0, 1.0)])}
     engine = None
+    threads = torch.get_num_threads()
+    if gen_threads:  # one thread keeps generation steady on a machine shared with other work
+        torch.set_num_threads(gen_threads)
     for split, (items, temps) in jobs.items():
         items = items[:max_prompts] if max_prompts else items
         for temp, fraction in temps:  # each temperature answers the first `fraction` of the (shuffled) prompts
@@ -59,6 +62,7 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
                 engine = engine or LLMEngine(EngineConfig(model=model, tap_layers=tap_layers, max_num_seqs=64))
                 generate_cache(engine, subset, caches[split], temperatures=[temp], max_tokens=max_tokens)
     del engine
+    torch.set_num_threads(threads)
 
     path = resolve_model(model)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -271,7 +271,6 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
             g["lr"] = lr_at(step, tc)
         opt.zero_grad(set_to_none=True)
         sums = {"ce": 0.0, "l1": 0.0, "conf": 0.0}
-        total_w = 0.0
         for s in rng.sample(samples, tc.samples_per_step):
             b = make_batch(train_cache, s, tc.anchors_per_sample, tc.gamma, to_local, rng)
             if b is None:

@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+IDLE_PUBLISH_S = 0.5  # how often an idle engine thread republishes its stats
 MAX_CONSECUTIVE_STEP_FAILURES = 3  # then the engine is declared dead (check_health fails, Serve replaces it)
 
 
@@ -176,7 +177,8 @@ class AsyncLLMEngine:
             while True:
                 with self._cond:
                     while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()):
-                        self._cond.wait()
+                        if not self._cond.wait(timeout=IDLE_PUBLISH_S):
+                            self._publish_stats()  # idle: the load averages decay, and the published ones follow
                     if self._stopping:
                         break
                     commands, self._inbox = self._inbox, []

@@ -63,7 +63,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     temps = parse_temperatures(args.temperatures)
     final = train_drafter(Path(args.out), model=args.model, prompts=args.prompts, eval_prompts=args.eval_prompts,
                           temperatures=temps, max_tokens=args.max_tokens, tap_layers=taps, tc=tc,
-                          max_prompts=args.max_prompts)
+                          max_prompts=args.max_prompts, gen_threads=args.gen_threads)
     print(f"drafter written to {final}")
     return 0
 
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="answer the prompts at these temperatures; T@F answers only the first fraction F")
     tr.add_argument("--max-tokens", type=int, default=256)
     tr.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts of each split")
+    tr.add_argument("--gen-threads", type=int, default=None, help="torch threads while the target generates")
     tr.add_argument("--taps", default=None, help="target layer ids, e.g. 1,8,15,22,28")
     tr.add_argument("--layers", type=int, default=1)
     tr.add_argument("--markov-rank", type=int, default=64)

@@ -22,7 +22,7 @@ from engine.model_runner import ModelRunner
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
-from engine.sequence import Sequence, SequenceStatus, TapBuffer
+from engine.sequence import Sequence, TapBuffer
 from engine.spec_controller import Curve, StepCostModel
 from engine.spec_mode import parse_speculation
 from engine.speculator import Speculator

@@ -67,5 +67,7 @@ class LoadMonitor:
                              token_budget=self.last.token_budget)
             for _ in range(min(idle_ticks, 100)):
                 self.observe(empty)
+                # An empty replica has room for any verify length: speculation is no longer squeezed.
+                self.avg["spec_squeezed"] *= 1 - self.alpha
         return {"queue_depth": float(self.last.waiting), "running": float(self.last.running),
                 "kv_usage": float(kv_usage), **{k: float(v) for k, v in self.avg.items()}}

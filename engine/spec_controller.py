@@ -14,7 +14,7 @@ optional per-request latency target caps a request's verify length.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.spec_mode import SpecMode
 

@@ -5,7 +5,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine.attention import build_metadata, paged_attention
 from engine.ops import Ops, cpu_kernels

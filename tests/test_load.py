@@ -19,6 +19,11 @@ def test_averages_follow_the_steps_and_decay_when_idle():
     assert sig["queue_depth"] == 7 and sig["running"] == 48 and sig["kv_usage"] == 0.4
     assert sig["seq_occupancy"] == pytest.approx(0.75) and sig["token_occupancy"] == pytest.approx(0.75)
     assert sig["spec_squeezed"] == pytest.approx(1.0)  # speculation possible, nothing verified
+    time.sleep(IDLE_TICK_S * 40)
+    rested = mon.signals(kv_usage=0.4)  # an idle replica is neither occupied nor squeezed
+    assert rested["spec_squeezed"] < 0.01 and rested["seq_occupancy"] < 0.01
+    for _ in range(30):
+        mon.observe(busy)
     light = StepLoad(running=2, max_num_seqs=64, tokens=10, token_budget=128, decoding=2, eligible=2, drafted=2,
                      verify_tokens=8)
     for _ in range(30):

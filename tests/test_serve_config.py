@@ -69,3 +69,50 @@ def test_spec_metrics_totals():
         {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}, {}])
     assert (m.num_spec_steps, m.mean_acceptance_length, m.acceptance_rate) == (4, 2.5, 0.5)
     assert SpeculativeDecodingMetrics.total([{}]).mean_acceptance_length == 1.0
+
+
+def test_serve_autoscale_yaml_enables_the_dspark_policy():
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import ServeDeploySchema
+
+    from autoscale.policy import DSparkPolicy
+    from deployments.app import app_builder
+
+    raw = yaml.safe_load((SERVE_YAML.parent / "serve_autoscale.yaml").read_text())
+    ServeDeploySchema.model_validate(raw)
+    args = raw["applications"][0]["args"]
+    assert "num_replicas" not in args
+    config = LLMServingConfig.model_validate(args)
+    opts = config.llm_deployment_options()
+    assert "num_replicas" not in opts
+    auto = opts["autoscaling_config"]
+    assert auto["upscale_delay_s"] == auto["downscale_delay_s"] == 0
+    assert auto["policy"]["policy_function"] == "autoscale.policy:DSparkPolicy"
+    kwargs = auto["policy"]["policy_kwargs"]
+    assert kwargs["max_num_seqs"] == config.engine.max_num_seqs  # the engine's limits, filled in
+    assert kwargs["token_budget"] == config.engine.max_num_batched_tokens
+    assert DSparkPolicy(**kwargs).params.queue_up == 4.0
+    AutoscalingConfig(**auto)
+    assert app_builder(args) is not None
+    # The fixed-count config stays fixed.
+    fixed = LLMServingConfig.model_validate(yaml.safe_load(SERVE_YAML.read_text())["applications"][0]["args"])
+    assert fixed.llm.autoscaling_config is None and fixed.llm_deployment_options()["num_replicas"] == 1
+
+
+def test_autoscaling_config_is_checked():
+    policy = {"policy_function": "autoscale.policy:DSparkPolicy", "policy_kwargs": {"queue_up": 2.0}}
+    auto = {"min_replicas": 1, "max_replicas": 4, "policy": policy}
+    with pytest.raises(ValidationError, match="exclude each other"):
+        LLMServingConfig(num_replicas=2, llm=DeploymentOptions(autoscaling_config=auto))
+    with pytest.raises(ValidationError, match="must be 0"):
+        DeploymentOptions(autoscaling_config={**auto, "upscale_delay_s": 30})
+    with pytest.raises(ValidationError, match="queue_up"):  # PolicyParams' own checks, at config time
+        DeploymentOptions(autoscaling_config={**auto, "policy": {**policy, "policy_kwargs": {"queue_up": -1}}})
+    with pytest.raises(ValidationError):
+        DeploymentOptions(autoscaling_config={**auto, "policy": {**policy, "policy_kwargs": {"nope": 1}}})
+    with pytest.raises(ValidationError):  # Serve's own validation
+        DeploymentOptions(autoscaling_config={"min_replicas": 3, "max_replicas": 2})
+    # Another policy (Serve's default) keeps whatever delays it is given; kwargs are not touched.
+    opts = LLMServingConfig(llm=DeploymentOptions(autoscaling_config={"min_replicas": 1, "max_replicas": 3,
+                                                                      "upscale_delay_s": 5})).llm_deployment_options()
+    assert opts["autoscaling_config"]["upscale_delay_s"] == 5 and "num_replicas" not in opts
