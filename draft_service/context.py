@@ -56,7 +56,8 @@ class DraftContextPool:
         n_pages = math.ceil(max_tokens / page_size) if max_tokens is not None else max_bytes // self.page_bytes
         if n_pages < 1:
             raise ValueError("budget is smaller than one page")
-        self._kv = torch.empty(n_pages * page_size, *self.token_shape, dtype=model.dtype, device=model.device)
+        # Zeroed: padding reads unused slots, and masked-out garbage could be NaN (0 * NaN = NaN in attention).
+        self._kv = torch.zeros(n_pages * page_size, *self.token_shape, dtype=model.dtype, device=model.device)
         self._free = list(range(n_pages - 1, -1, -1))  # stack of free page ids
         self._ctxs: dict[int, _Context] = {}
         self._next_handle = 0

@@ -212,6 +212,7 @@ class DSparkDrafter(nn.Module):
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
+        self._lowrank = None  # (kernel, W2^T) for the Markov bias at small batch, set by optimize_for_inference
 
     # -- init / misc -----------------------------------------------------------
     @torch.no_grad()
@@ -234,6 +235,10 @@ class DSparkDrafter(nn.Module):
 
         ops = Ops(self.device)
         self._argmax = ops.argmax if ops.fused else None
+        mh = self.markov_head
+        if ops.fused and mh is not None and mh.kind == "vanilla":
+            # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
+            self._lowrank = (ops.k.add_lowrank_, mh.markov_w2.weight.detach().t().contiguous())
         for name, mod in list(self.named_modules()):
             if isinstance(mod, nn.Linear) and name != "embed_tokens":
                 parent = self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self
@@ -322,9 +327,16 @@ class DSparkDrafter(nn.Module):
         local = torch.empty(B, G, dtype=torch.long, device=h.device)  # draft-vocab indices
         prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
         prev, state = anchor_ids, None
+        lowrank = self._lowrank if (B <= 8 and pdt == torch.float32) else None
+        if lowrank is not None:
+            by_pos = logits.transpose(0, 1).contiguous()  # [G, B, V]: each position's rows contiguous
+            logits = by_pos.transpose(0, 1)
         for k in range(G):
             lk = logits[:, k]
-            if self.markov_head is not None:
+            if lowrank is not None:
+                lk = by_pos[k]
+                lowrank[0](lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
+            elif self.markov_head is not None:
                 bias, state = self.markov_head.step(prev, h[:, k], state)
                 lk += bias
             nxt = self._argmax(lk) if self._argmax is not None else lk.argmax(-1)

@@ -454,3 +454,28 @@ def test_draft_vocab_hook(tmp_path):
     pool2.append(h2, taps, torch.arange(10))
     o2 = pool2.propose([(h2, 50, 10)])
     assert torch.equal(o2.tokens, out.tokens) and torch.equal(o2.probs, out.probs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_optimized_drafter_drafts_the_same(dtype):
+    """optimize_for_inference (prepacked linears, fused RMSNorm and argmax, the low-rank Markov kernel at small
+    batch) changes the arithmetic, not the result: the same drafts and, to rounding, the same p_d and confidences."""
+    cfg = make_cfg()
+    plain, fast = make_model(cfg, dtype=dtype), make_model(cfg, dtype=dtype).optimize_for_inference()
+    out = {}
+    for name, model in (("plain", plain), ("fast", fast)):
+        pool = DraftContextPool(model, max_tokens=512)
+        reqs = []
+        for i, n in enumerate([30, 3, 17]):
+            h = pool.create_context()
+            pool.append(h, rand_taps(cfg, n, seed=10 + i, dtype=dtype), torch.arange(n))
+            reqs.append(DraftRequest(h, anchor_token=(7 * i) % 60, anchor_pos=n))
+        out[name] = [pool.propose([r]) for r in reqs] + [pool.propose(reqs)]  # batch 1 and batch 3
+    if dtype == torch.bfloat16:  # bf16 rounding differs between the paths, so near-ties may flip a draft
+        same = sum(int((a.tokens == b.tokens).sum()) for a, b in zip(out["plain"], out["fast"]))
+        assert same >= 0.8 * sum(a.tokens.numel() for a in out["plain"])
+        return
+    for a, b in zip(out["plain"], out["fast"]):
+        assert torch.equal(a.tokens, b.tokens)
+        torch.testing.assert_close(a.probs, b.probs, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-4, atol=1e-5)

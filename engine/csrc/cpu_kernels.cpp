@@ -339,10 +339,48 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   return out;
 }
 
+// u[b] += e[b] @ w2t for the drafter's Markov head: u [B, V] float32 logits (updated in place), e [B, R] and
+// w2t [R, V] in the model dtype. A low-rank [1, R] x [R, V] product per draft position is a poor fit for a GEMM
+// library at batch 1; here each 64-wide slice of u stays in registers while the R rows of w2t stream past.
+void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
+  check_rows(u, "u");
+  check_rows(e, "e");
+  check_rows(w2t, "w2t");
+  TORCH_CHECK(u.scalar_type() == at::kFloat, "u must be float32");
+  const int64_t B = u.size(0), V = u.size(1), R = e.size(1);
+  TORCH_CHECK(w2t.size(0) == R && w2t.size(1) == V, "w2t must be [R, V]");
+  constexpr int64_t kChunk = 64;
+  float* up = u.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.scalar_type(), "add_lowrank_", [&] {
+    const scalar_t* ep = e.data_ptr<scalar_t>();
+    const scalar_t* wp = w2t.data_ptr<scalar_t>();
+    const int64_t chunks = (V + kChunk - 1) / kChunk;
+    at::parallel_for(0, B * chunks, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t b = w / chunks, v0 = (w % chunks) * kChunk, n = std::min(kChunk, V - v0);
+        float acc[kChunk] = {};
+        for (int64_t r = 0; r < R; ++r) {
+          const float er = static_cast<float>(ld(ep[b * R + r]));
+          const scalar_t* row = wp + r * V + v0;
+          if (n == kChunk) {
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < kChunk; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
+          } else {
+            for (int64_t j = 0; j < n; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
+          }
+        }
+        float* out = up + b * V + v0;
+        for (int64_t j = 0; j < n; ++j) out[j] += acc[j];
+      }
+    });
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("argmax_rows", &argmax_rows);
+  m.def("add_lowrank_", &add_lowrank_);
   m.def("rope_and_cache", &rope_and_cache);
   m.def("paged_attention", &paged_attention);
 }
