@@ -31,8 +31,30 @@ class RequestLimits(BaseModel):
     max_choices: int = Field(32, ge=1, description="largest (number of prompts) x n in one request")
     max_stop: int = Field(16, ge=0, description="most stop strings per request")
     max_stop_chars: int = Field(256, ge=1, description="longest stop string")
+    max_stop_token_ids: int = Field(256, ge=0, description="most stop_token_ids per request")
     max_messages: int = Field(512, ge=1, description="most chat messages per request")
     max_logprobs: int = Field(20, ge=0, le=64, description="largest logprobs / top_logprobs")
+
+
+class RateLimitOptions(BaseModel):
+    """A token bucket per client, checked by the ingress before a completion request is read: `requests_per_s`
+    sustained, `burst` at once; a client over its rate gets 429 with a Retry-After header (seconds). Off by default.
+    Each ingress replica keeps its own buckets, so with N ingress replicas a client may get up to N times the rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_s: float | None = Field(None, gt=0, description="sustained requests/s per client; None: no limit")
+    burst: int = Field(32, ge=1, description="requests a client may send at once (the bucket's size)")
+    key: Literal["ip", "api_key"] = Field(
+        "ip", description="ip: the client's address; api_key: the `Authorization: Bearer` token (the address when "
+                          "absent). This server does not check keys, so use api_key only behind a gateway that does")
+    trust_forwarded_for: bool = Field(
+        False, description="take the client address from X-Forwarded-For (only behind a proxy that sets it)")
+    max_clients: int = Field(100_000, ge=1, description="buckets kept; the least recently seen client is dropped")
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests_per_s is not None
 
 
 class DraftActorOptions(BaseModel):
@@ -116,6 +138,7 @@ class LLMServingConfig(BaseModel):
         "actor", description="actor: a co-located Ray actor per replica; in_process: inside the engine; none: off")
     num_replicas: int = Field(1, ge=1, description="fixed replica count; not with llm.autoscaling_config")
     limits: RequestLimits = Field(default_factory=RequestLimits)
+    rate_limit: RateLimitOptions = Field(default_factory=RateLimitOptions)
     torch_threads: int | None = Field(None, ge=1, description="engine threads per replica; default: its num_cpus")
     # Serve deployment options.
     llm: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(max_queued_requests=1024))

@@ -1,9 +1,13 @@
-"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health, and /metrics
-(Prometheus text of every replica, deployments/metrics.py).
+"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+(Prometheus text of every replica, deployments/metrics.py) and /openapi.json (the real request bodies, narrowed by
+this deployment's limits).
 
-It validates and tokenizes requests (the chat template comes from the tokenizer), enforces the request limits, and
-talks to the LLM replicas through a DeploymentHandle: one call per choice, streaming calls for SSE. Every error is
-`{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status, and the server keeps serving.
+It rate-limits clients (LLMServingConfig.rate_limit, off by default), validates and tokenizes requests (the chat
+template comes from the tokenizer), enforces the request limits, and talks to the LLM replicas through a
+DeploymentHandle: one call per choice, streaming calls for SSE. Every error is
+`{"error": {"message", "type", "param", "code"}}` (ASCII JSON) with a 4xx/5xx status, including errors nobody
+foresaw (500) and a replica dying under a request (503; inside a stream: an error event, then [DONE]); the server
+keeps serving.
 """
 # No `from __future__ import annotations`, and every helper is defined above the class: Serve's class-based ingress
 # rebuilds the route methods with a snapshot of the globals they use, taken when the class is decorated, and FastAPI
@@ -20,7 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from ray import serve
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,11 +36,20 @@ from deployments.openai_protocol import (APIError, ChatChoice, ChatChunkChoice, 
                                          ChatMessageOut, CompletionChoice, CompletionChunk, CompletionLogprobs,
                                          CompletionRequest, CompletionResponse, DeltaMessage, ModelCard, ModelList,
                                          ResponseMetrics, SpeculativeDecodingMetrics, TokenLogprob, TopLogprob,
-                                         UsageInfo, random_id, validation_message)
+                                         UsageInfo, openapi_schema, random_id, validation_message)
+from deployments.ratelimit import TokenBuckets, client_key, retry_after_header
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("ray.serve")
-app = FastAPI(title="dspark-serve", docs_url=None, redoc_url=None)
+# FastAPI's own /openapi.json would show no request bodies (the routes read the raw body, to enforce the size limit
+# before parsing); the ingress serves its own document instead.
+app = FastAPI(title="dspark-serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def _error_response(err: APIError) -> Response:
+    # ensure_ascii: a message quoting client input (e.g. a lone surrogate) must not break the encoding.
+    body = json.dumps(err.body(), ensure_ascii=True, separators=(",", ":"))
+    return Response(body, status_code=err.status, media_type="application/json", headers=err.headers)
 
 
 @app.middleware("http")
@@ -53,17 +67,24 @@ async def _count_requests(request: Request, call_next):
 
 @app.exception_handler(APIError)
 async def _api_error(_, exc: APIError):
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return _error_response(exc)
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_, exc: StarletteHTTPException):
-    return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+    return _error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(_, exc: RequestValidationError):
-    return JSONResponse(APIError(400, validation_message(exc)).body(), status_code=400)
+    return _error_response(APIError(400, validation_message(exc)))
+
+
+@app.exception_handler(Exception)
+async def _unexpected_error(_, exc: Exception):
+    # A bug, not the client's fault: still an OpenAI error object rather than Starlette's plain-text 500.
+    log.error("unhandled error in the ingress: %r", exc, exc_info=exc)
+    return _error_response(APIError(500, f"internal error ({type(exc).__name__}); the request was not completed"))
 
 
 def _metrics(per_choice: list[dict | None]) -> ResponseMetrics:
@@ -79,13 +100,23 @@ def _wrap_seed(seed: int) -> int:
     return seed - 2**64 if seed >= 2**63 else seed
 
 
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
+
+
 def _routing_error(exc: Exception) -> APIError:
     if isinstance(exc, BackPressureError):
         return APIError(503, f"the server is overloaded (too many queued requests); retry later: {exc}")
     if isinstance(exc, DeploymentUnavailableError):
         return APIError(503, f"no LLM replica is available: {exc}")
+    if isinstance(exc, (RayActorError, ReplicaUnavailableError)):
+        # The replica died (or became unreachable) under this request; Serve replaces it. Retrying is safe.
+        log.warning("LLM replica failed under a request: %s", _first_line(exc))
+        return APIError(503, f"the LLM replica serving this request failed ({type(exc).__name__}: "
+                             f"{_first_line(exc)}); retry the request")
     log.exception("LLM call failed")
-    return APIError(500, f"internal error: {exc!r}")
+    return APIError(500, f"internal error: {type(exc).__name__}: {_first_line(exc)}")
 
 
 def _error_item(exc: Exception) -> dict:
@@ -151,7 +182,11 @@ class OpenAIIngress:
         self.llm_stream = llm.options(stream=True)
         self.config = config
         self.limits = config.limits
+        self.rate_limit = config.rate_limit
+        self.buckets = (TokenBuckets(config.rate_limit.requests_per_s, config.rate_limit.burst,
+                                     config.rate_limit.max_clients) if config.rate_limit.enabled else None)
         self.model_name = config.model_name
+        self._openapi: dict | None = None
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.engine.model))
         self._info: dict | None = None
         self.metrics_hub = metrics_hub
@@ -196,7 +231,20 @@ class OpenAIIngress:
     @app.get("/stats")
     async def stats(self):
         """Engine statistics of one replica (the one the router picks)."""
-        return await self.llm.stats.remote()
+        try:
+            return await self.llm.stats.remote()
+        except Exception as exc:
+            raise _routing_error(exc) from exc
+
+    @app.get("/openapi.json")
+    async def openapi(self):
+        """The OpenAPI document: every route, the real request bodies narrowed by this deployment's limits, and the
+        OpenAI error shape of every 4xx/5xx."""
+        if self._openapi is None:
+            info = await self._engine_info()
+            self._openapi = openapi_schema(self.model_name, self.limits, info["max_model_len"],
+                                           info.get("vocab_size"))
+        return self._openapi
 
     @app.get("/v1/models")
     async def models(self):
@@ -207,7 +255,13 @@ class OpenAIIngress:
     async def completions(self, request: Request):
         req = await self._parse(request, CompletionRequest)
         try:
-            prompts = [self._encode_text(p) if isinstance(p, str) else p for p in req.prompts()]
+            raw = req.prompts()
+        except ValueError as exc:
+            raise APIError(400, str(exc), "prompt")
+        if len(raw) * req.n > self.limits.max_choices:  # before tokenizing any of them
+            raise APIError(400, f"at most {self.limits.max_choices} choices (prompts x n) per request", "n")
+        try:
+            prompts = [self._encode_text(p) if isinstance(p, str) else p for p in raw]
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt")
         if req.logprobs is not None and req.logprobs > self.limits.max_logprobs:
@@ -256,14 +310,36 @@ class OpenAIIngress:
 
     # ----- validation ------------------------------------------------------------------------------------------
 
-    async def _parse(self, request: Request, cls):
+    def _check_rate(self, request: Request) -> None:
+        """One token from the client's bucket, or 429 with Retry-After (LLMServingConfig.rate_limit)."""
+        if self.buckets is None:
+            return
+        rl = self.rate_limit
+        key = client_key(request.headers, request.client.host if request.client else None, rl.key,
+                         rl.trust_forwarded_for)
+        wait = self.buckets.take(key)
+        if wait > 0:
+            raise APIError(429, f"rate limit exceeded: at most {rl.requests_per_s:g} requests/s (burst {rl.burst}) "
+                                f"per client; retry after {wait:.2f} s",
+                           headers={"Retry-After": retry_after_header(wait)})
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to exceed the limit (declared or while it streams in)."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"request body is {declared} bytes; the limit is {limit}")
-        body = await request.body()
-        if len(body) > limit:
-            raise APIError(413, f"request body is {len(body)} bytes; the limit is {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _parse(self, request: Request, cls):
+        self._check_rate(request)
+        body = await self._read_body(request)
         try:
             req = cls.model_validate_json(body)
         except ValidationError as exc:
@@ -274,7 +350,10 @@ class OpenAIIngress:
 
     def _encode_text(self, text: str) -> list[int]:
         # Exactly what LLMEngine.encode does for a string, so HTTP and in-process answers match.
-        ids = self.tokenizer(text, add_special_tokens=True).input_ids
+        try:
+            ids = self.tokenizer(text, add_special_tokens=True).input_ids
+        except Exception as exc:  # e.g. a lone surrogate the tokenizer cannot encode
+            raise ValueError(f"prompt cannot be tokenized: {type(exc).__name__}") from None
         if not ids:
             raise ValueError("prompt is empty")
         return list(ids)
@@ -299,6 +378,8 @@ class OpenAIIngress:
             raise APIError(400, f"at most {lim.max_stop} stop strings", "stop")
         if any(len(s) > lim.max_stop_chars for s in stops):
             raise APIError(400, f"stop strings must be at most {lim.max_stop_chars} characters", "stop")
+        if len(req.stop_token_ids or ()) > lim.max_stop_token_ids:
+            raise APIError(400, f"at most {lim.max_stop_token_ids} stop_token_ids", "stop_token_ids")
         max_len = (await self._engine_info())["max_model_len"]
         max_prompt = min(lim.max_prompt_tokens or max_len - 1, max_len - 1)
         requested = req.requested_max_tokens()
@@ -366,48 +447,58 @@ class OpenAIIngress:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _sse(self, rid: str, req, choices: list[_Choice], gens, chat: bool) -> AsyncIterator[str]:
-        created = int(time.time())
-        k = choices[0].params["logprobs"]
-        remaining = len(choices)
+        """The SSE body. It always ends with an error event or the last chunks, then [DONE]: a stream is never
+        cut short silently, even by a bug here (the HTTP status is already 200 by then)."""
         try:
-            async for i, item in _merge(gens):
-                c = choices[i]
-                if "error" in item:
-                    yield _sse_data(APIError(item["status"], item["error"]).body())
-                    break
-                c.num_output_tokens = item["num_output_tokens"]
-                if item["finished"]:
-                    c.finished, c.metrics = True, item.get("metrics", {})
-                    remaining -= 1
-                lp = item.get("logprobs")
-                if not (item["text"] or item["finished"] or lp or (chat and not c.started)):
-                    continue  # tokens whose text is not releasable yet (partial UTF-8, a possible stop string)
-                metrics = _metrics([x.metrics for x in choices]) if item["finished"] and not remaining else None
-                if chat:
-                    delta = DeltaMessage(content=item["text"], role=None if c.started else "assistant")
-                    chunk = ChatCompletionChunk(
-                        id=rid, created=created, model=self.model_name, metrics=metrics,
-                        choices=[ChatChunkChoice(index=c.index, delta=delta, finish_reason=item["finish_reason"],
-                                                 logprobs=self._chat_logprobs(lp, k) if lp else None)])
-                else:
-                    chunk = CompletionChunk(
-                        id=rid, created=created, model=self.model_name, metrics=metrics,
-                        choices=[CompletionChoice(
-                            index=c.index, text=item["text"], finish_reason=item["finish_reason"],
-                            logprobs=self._completion_logprobs(lp, k, c.text_len) if lp else None)])
-                c.started = True
-                c.text_len += len(item["text"])
-                yield _sse_data(chunk.model_dump(exclude_none=True))
-            else:
-                if req.include_usage:
-                    cls = ChatCompletionChunk if chat else CompletionChunk
-                    usage = self._usage(choices, [{"num_output_tokens": c.num_output_tokens} for c in choices])
-                    yield _sse_data(cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage,
-                                        metrics=_metrics([c.metrics for c in choices])).model_dump(exclude_none=True))
-            yield "data: [DONE]\n\n"
+            async for event in self._sse_events(rid, req, choices, gens, chat):
+                yield event
+        except Exception as exc:
+            log.error("stream %s failed: %r", rid, exc, exc_info=exc)
+            yield _sse_data(APIError(500, f"internal error ({type(exc).__name__}); the stream was not "
+                                          "completed").body())
         finally:
             for g in gens:  # a client that went away: stop every engine request of this response
                 g.cancel()
+        yield "data: [DONE]\n\n"
+
+    async def _sse_events(self, rid: str, req, choices: list[_Choice], gens, chat: bool) -> AsyncIterator[str]:
+        created = int(time.time())
+        k = choices[0].params["logprobs"]
+        remaining = len(choices)
+        async for i, item in _merge(gens):
+            c = choices[i]
+            if "error" in item:
+                yield _sse_data(APIError(item["status"], item["error"]).body())
+                break
+            c.num_output_tokens = item["num_output_tokens"]
+            if item["finished"]:
+                c.finished, c.metrics = True, item.get("metrics", {})
+                remaining -= 1
+            lp = item.get("logprobs")
+            if not (item["text"] or item["finished"] or lp or (chat and not c.started)):
+                continue  # tokens whose text is not releasable yet (partial UTF-8, a possible stop string)
+            metrics = _metrics([x.metrics for x in choices]) if item["finished"] and not remaining else None
+            if chat:
+                delta = DeltaMessage(content=item["text"], role=None if c.started else "assistant")
+                chunk = ChatCompletionChunk(
+                    id=rid, created=created, model=self.model_name, metrics=metrics,
+                    choices=[ChatChunkChoice(index=c.index, delta=delta, finish_reason=item["finish_reason"],
+                                             logprobs=self._chat_logprobs(lp, k) if lp else None)])
+            else:
+                chunk = CompletionChunk(
+                    id=rid, created=created, model=self.model_name, metrics=metrics,
+                    choices=[CompletionChoice(
+                        index=c.index, text=item["text"], finish_reason=item["finish_reason"],
+                        logprobs=self._completion_logprobs(lp, k, c.text_len) if lp else None)])
+            c.started = True
+            c.text_len += len(item["text"])
+            yield _sse_data(chunk.model_dump(exclude_none=True))
+        else:
+            if req.include_usage:
+                cls = ChatCompletionChunk if chat else CompletionChunk
+                usage = self._usage(choices, [{"num_output_tokens": c.num_output_tokens} for c in choices])
+                yield _sse_data(cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage,
+                                    metrics=_metrics([c.metrics for c in choices])).model_dump(exclude_none=True))
 
     # ----- response pieces -------------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ class _SamplingRequest(BaseModel):
     max_tokens: int | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
+    top_k: int = Field(-1, le=2**31 - 1)  # the engine clamps it to the vocabulary; bounded so it fits a tensor
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -299,11 +299,12 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllo
 class APIError(Exception):
     """An error the client should see as `{"error": {...}}` with this HTTP status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = headers
 
     def body(self) -> dict:
         return ErrorResponse(error=ErrorInfo(message=self.message, type=ERROR_TYPES.get(self.status, "Error"),
@@ -328,3 +329,116 @@ def _is_union_tag(x) -> bool:
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
+
+
+# ----- OpenAPI -----------------------------------------------------------------------------------------------------
+
+SPECULATION_PATTERN = r"^(off|adaptive|fixed:[0-9]{1,3}|threshold:(0(\.[0-9]{1,6})?|1(\.0{1,6})?))$"
+ERROR_STATUSES = (400, 404, 413, 429, 500, 503)
+
+
+def _non_null(prop: dict) -> list[dict]:
+    """The non-null branches of a property schema (pydantic writes `X | None` as anyOf [X, null])."""
+    return [b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"]
+
+
+def _constrain(prop: dict, **constraints) -> None:
+    for branch in _non_null(prop):
+        branch.update(constraints)
+
+
+def openapi_schema(model_name: str, limits, max_model_len: int, vocab_size: int | None = None) -> dict:
+    """The OpenAPI 3.1 document of the HTTP API, with the real request bodies: the pydantic request models, narrowed
+    by this deployment's limits (deployments.config.RequestLimits) and context length, and the error shape of every
+    4xx/5xx. The server's own checks stay authoritative (e.g. prompt + max_tokens against the context)."""
+    from pydantic.json_schema import models_json_schema
+
+    models = [CompletionRequest, ChatCompletionRequest, CompletionResponse, ChatCompletionResponse, CompletionChunk,
+              ChatCompletionChunk, ModelList, ErrorResponse]
+    _, top = models_json_schema([(m, "validation" if m.__name__.endswith("Request") else "serialization")
+                                 for m in models], ref_template="#/components/schemas/{model}")
+    schemas = top["$defs"]
+    max_prompt = min(limits.max_prompt_tokens or max_model_len - 1, max_model_len - 1)
+    token = {"type": "integer", "minimum": 0}
+    if vocab_size:
+        token["maximum"] = vocab_size - 1
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas[name]["properties"]
+        props["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}], "default": None,
+                          "description": "the served model (optional)"}
+        props["top_k"].update(minimum=-1)
+        _constrain(props["max_tokens"], minimum=1, maximum=limits.max_tokens)
+        props["n"].update(maximum=limits.max_n)
+        stop_string = {"type": "string", "minLength": 1, "maxLength": limits.max_stop_chars}
+        props["stop"]["anyOf"] = [stop_string, {"type": "array", "items": stop_string, "maxItems": limits.max_stop},
+                                  {"type": "null"}]
+        _constrain(props["stop_token_ids"], items=token, maxItems=limits.max_stop_token_ids)
+        _constrain(props["speculation"], pattern=SPECULATION_PATTERN)
+        for penalty in ("presence_penalty", "frequency_penalty"):
+            props[penalty].update(minimum=0, maximum=0, description="accepted only at 0")
+        _constrain(props["logit_bias"], maxProperties=0, description="accepted only empty")
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    _constrain(chat["max_completion_tokens"], minimum=1, maximum=limits.max_tokens)
+    _constrain(chat["top_logprobs"], maximum=limits.max_logprobs)
+    chat["messages"]["maxItems"] = limits.max_messages
+    _constrain(chat["tools"], maxItems=0, description="accepted only empty")
+    completion = schemas["CompletionRequest"]["properties"]
+    _constrain(completion["logprobs"], maximum=limits.max_logprobs)
+    completion["echo"].update(enum=[False])
+    _constrain(completion["suffix"], maxLength=0)
+    ids = {"type": "array", "items": token, "minItems": 1, "maxItems": max_prompt}
+    completion["prompt"]["anyOf"] = [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": limits.max_choices},
+        ids,
+        {"type": "array", "items": ids, "minItems": 1, "maxItems": limits.max_choices},
+    ]
+
+    def ref(name: str) -> dict:
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    errors = {str(code): {"description": ERROR_TYPES[code],
+                          "content": {"application/json": {"schema": ref("ErrorResponse")}}}
+              for code in ERROR_STATUSES}
+
+    def sse(chunk: str) -> dict:
+        """One server-sent event (OpenAPI 3.1: the schema of a stream's media type describes each event): a JSON
+        chunk, an error object (then the stream ends), or the final [DONE]."""
+        data = {"anyOf": [{"type": "string", "const": "[DONE]"},
+                          {"type": "string", "contentMediaType": "application/json",
+                           "contentSchema": {"anyOf": [ref(chunk), ref("ErrorResponse")]}}]}
+        return {"type": "object", "required": ["data"],
+                "properties": {"data": data, "event": {"type": "string"}, "id": {"type": "string"}}}
+
+    def generation(request: str, response: str, chunk: str, summary: str) -> dict:
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(request)}}},
+            "responses": {"200": {"description": "the answer (JSON), or server-sent events with `stream: true`",
+                                  "content": {"application/json": {"schema": ref(response)},
+                                              "text/event-stream": {"schema": sse(chunk)}}},
+                          **errors}}}
+
+    def get(summary: str, content: dict, *codes: int) -> dict:
+        return {"get": {"summary": summary, "responses": {
+            "200": {"description": "OK", "content": content},
+            **{str(c): errors[str(c)] for c in codes}}}}
+
+    json_object = {"application/json": {"schema": {"type": "object"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "dspark-serve", "version": "1",
+                 "description": f"OpenAI-compatible API serving `{model_name}` (context {max_model_len} tokens)"},
+        "paths": {
+            "/v1/completions": generation("CompletionRequest", "CompletionResponse", "CompletionChunk",
+                                          "Text completion"),
+            "/v1/chat/completions": generation("ChatCompletionRequest", "ChatCompletionResponse",
+                                               "ChatCompletionChunk", "Chat completion"),
+            "/v1/models": get("Served models", {"application/json": {"schema": ref("ModelList")}}, 503),
+            "/health": get("Health", json_object, 503),
+            "/stats": get("One replica's engine statistics", json_object, 500, 503),
+            "/metrics": get("Prometheus metrics of every replica", {"text/plain": {"schema": {"type": "string"}}}),
+            "/openapi.json": get("This document", json_object, 503),
+        },
+        "components": {"schemas": schemas},
+    }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import uuid
 from collections.abc import AsyncIterator
 
 import ray
@@ -22,6 +23,7 @@ import torch
 from ray import serve
 
 from deployments.config import LLMServingConfig
+from draft_service.actor import DraftServiceProxy
 from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
@@ -29,6 +31,22 @@ from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("ray.serve")
+
+
+class ReleasingDraftProxy(DraftServiceProxy):
+    """DraftServiceProxy whose context releases are never dropped.
+
+    The base proxy skips `release` while it re-checks the actor after any failed call. But a failed call does not
+    mean a lost actor: a full context pool (sequences preempted under KV pressure keep their contexts) or a context
+    the actor refuses fails a step while the actor lives on with every context, and the releases skipped in that
+    window leaked those contexts for good (found by tests/test_reliability_faults.py: the pool stayed full and every
+    later draft round failed). Releases are fire and forget and idempotent: an alive actor runs them in order before
+    the next step, a restarting one after its restart (unknown keys are ignored), a dead one never.
+    """
+
+    def release(self, keys: list[str]) -> None:
+        if keys:
+            self.actor.release.remote(list(keys))
 
 
 def _error(exc: BaseException) -> dict:
@@ -69,6 +87,10 @@ class LLMServer:
         if config.drafter_mode != "in_process":
             engine_cfg = engine_cfg.model_copy(update={"drafter": None})  # the actor holds it, or nobody does
         self.draft_actor = None
+        self.replica_id = _replica_id()
+        # Named, so an operator (or a fault-injection test) can find this replica's draft actor: ray.get_actor(name,
+        # namespace). The suffix keeps two LLMServers of one process (tests) apart.
+        self.draft_actor_name = f"dspark-draft:{self.replica_id}:{uuid.uuid4().hex[:8]}"
         proxy, drafter_error = None, None
         if config.uses_draft_actor:
             try:
@@ -86,7 +108,6 @@ class LLMServer:
         self.max_model_len = engine.max_model_len
         self.speculation = engine.speculator is not None
         self.drafter_error = engine.drafter_error
-        self.replica_id = _replica_id()
         self.metrics = ReplicaMetrics()
         self._draft_contexts_live = 0.0
         self._actor_stats_ref = None
@@ -100,7 +121,7 @@ class LLMServer:
     def _start_draft_actor(self, config: LLMServingConfig):
         from transformers import AutoConfig
 
-        from draft_service.actor import DraftServiceProxy, draft_context_tokens, start_draft_actor
+        from draft_service.actor import draft_context_tokens, start_draft_actor
         from engine.loader import resolve_device, resolve_drafter, resolve_dtype, resolve_model
 
         ec, opts = config.engine, config.draft_actor
@@ -112,10 +133,10 @@ class LLMServer:
         self.draft_actor = start_draft_actor(
             str(drafter), str(target), str(dtype).removeprefix("torch."), str(actor_device),
             draft_context_tokens(target, ec, dtype, device), num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
-            max_restarts=opts.max_restarts, num_threads=opts.num_threads,
+            max_restarts=opts.max_restarts, num_threads=opts.num_threads, name=self.draft_actor_name,
             placement_group=ray.util.get_current_placement_group(), bundle_index=0)
-        return DraftServiceProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
-                                 startup_timeout_s=opts.startup_timeout_s)
+        return ReleasingDraftProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
+                                   startup_timeout_s=opts.startup_timeout_s)
 
     # ----- requests -------------------------------------------------------------------------------------------
 
@@ -161,6 +182,7 @@ class LLMServer:
 
     def info(self) -> dict:
         return {"model": self.config.model_name, "max_model_len": self.max_model_len,
+                "vocab_size": self.engine.engine.model.vocab_size,
                 "speculation": self.speculation, "drafter_error": self.drafter_error,
                 "drafter_mode": self.config.drafter_mode}
 
@@ -177,12 +199,14 @@ class LLMServer:
         """Where this replica and its draft actor run (node ids and GPU ids as Ray assigned them)."""
         ctx = ray.get_runtime_context()
         out = {"replica": serve.get_replica_context().replica_id.unique_id, "node_id": ctx.get_node_id(),
+               "actor_name": ctx.get_actor_name(),  # Serve's replica actor, in the "serve" namespace
                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
                "placement_group": (pg.id.hex() if (pg := ray.util.get_current_placement_group()) else None),
                "draft_actor": None}
         if self.draft_actor is not None:
             info = await self.draft_actor.info.remote()
-            out["draft_actor"] = {k: info[k] for k in ("node_id", "gpu_ids", "pid", "device")}
+            out["draft_actor"] = {**{k: info[k] for k in ("node_id", "gpu_ids", "pid", "device", "incarnation")},
+                                  "name": self.draft_actor_name, "namespace": ctx.namespace}
         return out
 
     def health(self) -> dict:

@@ -7,6 +7,7 @@ request's own event loop with `call_soon_threadsafe`. While there is no work the
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import logging
 import threading
@@ -21,6 +22,16 @@ log = logging.getLogger(__name__)
 
 IDLE_PUBLISH_S = 0.5  # how often an idle engine thread republishes its stats
 MAX_CONSECUTIVE_STEP_FAILURES = 3  # then the engine is declared dead (check_health fails, Serve replaces it)
+
+
+def release_free_heap() -> bool:
+    """Give the heap memory freed by a burst back to the OS (glibc's malloc_trim). A burst's large batch tensors are
+    freed into malloc's arenas, which glibc keeps, so an idle replica would otherwise stay at its burst peak RSS."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+    return True
 
 
 class EngineDeadError(RuntimeError):
@@ -103,6 +114,7 @@ class AsyncLLMEngine:
         self._stopping = False
         self._dead: str | None = None  # why the engine thread stopped
         self._consecutive_failures = 0
+        self._trimmed = True  # nothing to give back until a step has run
         self._stats: dict = {}
         self._publish_stats()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -179,6 +191,8 @@ class AsyncLLMEngine:
                     while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()):
                         if not self._cond.wait(timeout=IDLE_PUBLISH_S):
                             self._publish_stats()  # idle: the load averages decay, and the published ones follow
+                            if not self._trimmed:
+                                self._trimmed = release_free_heap()
                     if self._stopping:
                         break
                     commands, self._inbox = self._inbox, []
@@ -188,6 +202,7 @@ class AsyncLLMEngine:
                     self._publish_stats()  # admissions and aborts show before the (longer) step
                 if self.engine.has_unfinished_requests():
                     self._step()
+                    self._trimmed = False
                 self._publish_stats()
         except BaseException as exc:  # a bug here must not leave requests hanging
             log.exception("engine thread crashed")

@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE_S = 5.0
 
 
+def reproducible_only_plainly(params) -> bool:
+    """A seeded sampled request must give the same text every time. Speculative sampling draws the same distribution
+    but a different realization for each sequence of verify lengths, and the engine's own mode picks those from load
+    and measured costs; so such a request decodes plainly unless it asked for a speculation mode itself."""
+    return params.seed is not None and params.temperature > 0 and not params.speculation
+
+
 @dataclass
 class SeqSpec:
     """Per-sequence speculation state and metrics."""
@@ -92,7 +99,7 @@ class Speculator:
             if seq.spec is None:
                 seq.spec = SeqSpec(histogram=[0] * (self.gamma + 1))
             room = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
-            if self.mode_of(seq).kind != "off" and room > 0:
+            if self.mode_of(seq).kind != "off" and room > 0 and not reproducible_only_plainly(seq.params):
                 eligible.append((s, room))
         load.eligible = len(eligible)
         if not eligible or time.monotonic() < self.disabled_until:

@@ -76,7 +76,7 @@ def test_actor_drafts_equal_in_process_drafts(ray_cluster, models):
     remote = LLMEngine(cfg, draft_service=proxy)
     prompts = ["Hello there", "The quick brown fox", [5, 6, 7, 8, 9]]
     for params in (SamplingParams(max_tokens=20, ignore_eos=True),
-                   SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.9, seed=3)):
+                   SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.9, seed=3, speculation="fixed:3")):
         want = run_all(local, prompts, params)
         got = run_all(remote, prompts, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -13,7 +13,7 @@ from draft_service.config import DSparkConfig
 from draft_service.data import Cache, generate_cache
 from draft_service.model import DSparkDrafter
 from draft_service.train import TrainConfig, train
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine import rejection_sampler
 from engine.spec_controller import Curve, StepCostModel
 from tests.conftest import make_tiny_model
@@ -223,6 +223,23 @@ def test_plain_sampling_passes_the_same_test(tiny_vocab_pair):
     prompt = [1, 4, 5, 6]
     counts = sample_first_three(engine, prompt, PARAMS, N_SAMPLES // 2)
     assert chi_square_p(counts, exact_law(target_dir, prompt, PARAMS)) > 1e-3
+
+
+def test_seeded_sampling_is_reproducible_and_plain_unless_the_request_asks_for_speculation(tiny_vocab_pair):
+    """A seeded sampled request under the engine's own mode decodes plainly, so it gives exactly the plain engine's
+    text for that seed, whatever verify lengths the load would have picked; a request that names a mode speculates."""
+    target_dir, drafter_dir = tiny_vocab_pair
+    common = dict(model=str(target_dir), dtype="float32", device="cpu", kv_cache_memory_gb=0.05)
+    plain = LLM(**common)
+    spec = LLM(**common, drafter=str(drafter_dir), speculation="fixed:3")
+    seeded = SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=-5)
+    want = plain.generate([[1, 4, 5, 6]], seeded)[0]
+    for _ in range(2):
+        got = spec.generate([[1, 4, 5, 6]], seeded)[0]
+        assert got.token_ids == want.token_ids and got.metrics["num_spec_steps"] == 0
+    asked = spec.generate([[1, 4, 5, 6]], SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=-5,
+                                                         speculation="fixed:3"))[0]
+    assert asked.metrics["num_spec_steps"] > 0
 
 
 @pytest.mark.slow
