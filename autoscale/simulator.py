@@ -4,8 +4,9 @@ Each replica is modelled at engine-step granularity, with the engine's own rules
 - scheduling as engine/scheduler.py: running sequences first (one decode token each, then the running prompts'
   chunks), then waiting prompts FCFS while sequence slots, the token budget and KV room allow (prefill chunks count
   as tokens);
-- speculation as engine/speculator.py: the decoding sequences draft when `worth_drafting` (fed by the replica's own
-  `AcceptanceTracker`) and `DraftGate` say so, and `choose_verify_lengths` sets every sequence's verify length;
+- speculation as engine/speculator.py: the decoding sequences draft when the replica's `DraftGate` says so (scored
+  by each drafted step's goodput against a plain step), and `choose_verify_lengths` sets every sequence's verify
+  length;
 - each decoding sequence emits 1 + its accepted drafts, drawn from the per-position acceptance rates;
 - the step takes `StepCostModel.step_seconds(tokens, drafted)`: the measured (or assumed) forward and draft curves.
 The fleet routes arrivals by power of two choices (Serve's default router), runs `autoscale.policy.decide` every
@@ -21,9 +22,8 @@ What keeps a day at thousands of requests/s affordable, and what it costs in fid
 - the simulated drafter is calibrated and uniform: every sequence's confidences equal the acceptance rates, so the
   controller sees identical candidates and its decision depends only on (decoding sequences, step tokens). It is
   memoised on those, the tokens rounded to `controller_quantum` (32: the decision moves by about one verify token
-  per token of load). The tracker's per-sequence correction (1 on average here) is not applied; the tracker gets
-  one sequence's outcome every TRACKER_EVERY steps (its estimate spans ~100 observations either way), and
-  `worth_drafting` is memoised until that estimate moves by ACCEPTANCE_TOL;
+  per token of load). The tracker's per-sequence correction (1 on average here) is not applied. A run of k
+  identical drafted steps is scored by the gate once, with their mean;
 - at most `max_simulated` replicas are simulated one by one; beyond that the simulated replicas stand for the whole
   fleet (mean field): they receive their share of the traffic (simulated / serving replicas), the policy reads
   their metrics as the fleet's means, and GPU-hours come from the full replica count. With the router keeping
@@ -42,8 +42,8 @@ import numpy as np
 
 from autoscale.policy import LoadSignals, PolicyParams, PolicyState, decide, signals_from_metrics
 from autoscale.trace import Trace
-from engine.spec_controller import (AcceptanceTracker, Candidate, Curve, DraftGate, StepCostModel,
-                                    choose_verify_lengths, survival, worth_drafting)
+from engine.spec_controller import (Candidate, Curve, DraftGate, StepCostModel,
+                                    choose_verify_lengths, survival)
 from engine.spec_mode import parse_speculation
 
 # ASSUMED, not measured: an H100 serving a ~4B model in bf16 (forward ~12 ms at 1 token, ~35 ms at 512, then
@@ -99,11 +99,7 @@ class FleetSpec:
 # ----- what all replicas of a fleet share ----------------------------------------------------------------------
 
 LAT_BINS = np.logspace(-4, 3, 701)  # seconds, ~2.3% per bin
-TRACKER_EVERY = 4  # steps between the outcomes fed to a replica's AcceptanceTracker (one sequence's each time)
 CLT_MIN = 32  # batches of at least this many decoding sequences draw their mean acceptance, not each sequence's
-# worth_drafting is memoised per replica until the tracker's estimate moves this much (about its own noise: the
-# global estimate spans ~100 observations)
-ACCEPTANCE_TOL = 0.05
 _MEMOS: dict[tuple, dict] = {}  # controller decisions, shared by every fleet with the same replica and quantum
 
 
@@ -166,18 +162,16 @@ class _Shared:
         self._gi += n
         return out
 
-    def emitted(self, lens: np.ndarray, k: int, i: int | None) -> tuple[np.ndarray | list[float], int | None]:
+    def emitted(self, lens: np.ndarray, k: int) -> np.ndarray | list[float]:
         """Over k steps at these verify lengths: the tokens a decoding sequence emits per step on average over the
-        batch (1 + accepted drafts), and (i not None) the drafts sequence i accepted in the first step. Batches of
-        CLT_MIN sequences or more draw the batch mean from its normal approximation (one draw per step, not one
-        per sequence)."""
+        batch (1 + accepted drafts). Batches of CLT_MIN sequences or more draw the batch mean from its normal
+        approximation (one draw per step, not one per sequence)."""
         n = len(lens)
         if n < CLT_MIN:
             acc = np.minimum(self.accepted_drafts(k * n).reshape(k, n), lens)
-            return 1.0 + acc.sum(axis=1) / n, None if i is None else int(acc[0, i])
+            return 1.0 + acc.sum(axis=1) / n
         mean, sd = self._batch_moments(lens)
-        gain = [mean + sd * self.normal() for _ in range(k)]
-        return gain, None if i is None else min(int(self.accepted_drafts(1)[0]), int(lens[i]))
+        return [mean + sd * self.normal() for _ in range(k)]
 
     def _batch_moments(self, lens: np.ndarray) -> tuple[float, float]:
         key = id(lens)  # lens arrays live in the memo, one per decision
@@ -216,10 +210,6 @@ class Replica:
         self.sum_p0 = 0.0  # sum of the progress at which each decoding sequence started
         self.seq_no = 0
         self.steps = 0
-        self.tracker = AcceptanceTracker(shared.gamma)
-        self.acceptance = self.tracker.expected_acceptance()
-        self.worth_memo: dict[tuple[int, int], bool] = {}  # valid for self.acceptance
-        self.next_record = 0
         self.gate = DraftGate()
         self.done: list = []  # (finish time, ttft, tpot, e2e) since the fleet last collected
         self.windows: deque = deque()  # metrics per control interval, newest last
@@ -297,15 +287,10 @@ class Replica:
         # Speculation, as Speculator.prepare: the gate, then the controller's verify lengths.
         verify = drafted = 0
         lens = None
-        worth = True
+        probe = False
         if n_dec and sh.spec_on:
-            if sh.adaptive:
-                key = (n_dec, tokens // sh.quantum)
-                worth = self.worth_memo.get(key)
-                if worth is None:
-                    worth = self.worth_memo[key] = worth_drafting(n_dec, tokens, self.acceptance, sh.cost, budget,
-                                                                  sh.gamma)
-            if self.gate.should_draft(worth):
+            probe = sh.adaptive and not self.gate.is_open(n_dec)
+            if not sh.adaptive or self.gate.should_draft(n_dec):
                 drafted = n_dec
                 lens, verify = sh.lengths(n_dec, tokens)
         dt = sh.step_seconds(tokens + verify, drafted)
@@ -317,22 +302,12 @@ class Replica:
                 horizon = w[0][0]
             # Each step emits at least one token per sequence, so the first finish comes within this many steps.
             k = max(1, min(math.ceil((horizon - self.clock) / dt), math.ceil(heap[0][0] - self.progress)))
-            if drafted and not worth:
-                k = 1  # a probe: the next step skips
+            if drafted and probe:
+                k = 1  # a probe: the next step may skip
             elif sh.spec_on and not drafted:
-                k = min(k, self.gate.probe_every - self.gate.skipped)  # skips left before the next probe
+                k = min(k, self.gate.steps_until_probe(n_dec))  # skips left before the next probe
         if n_dec:
-            if drafted:
-                i = self.steps % n_dec if self.steps >= self.next_record else None
-                gain, sample = sh.emitted(lens, k, i)
-                if i is not None:  # one sequence's outcome every few steps keeps the tracker current
-                    self.tracker.record(0, sh.conf, int(lens[i]), sample)
-                    self.next_record = self.steps + TRACKER_EVERY
-                    now = self.tracker.expected_acceptance()
-                    if max(abs(a - b) for a, b in zip(now, self.acceptance)) > ACCEPTANCE_TOL:
-                        self.acceptance, self.worth_memo = now, {}
-            else:
-                gain = [1.0] * k
+            gain = sh.emitted(lens, k) if drafted else [1.0] * k
             if k == 1:
                 self.progress += float(gain[0])
             else:
@@ -340,7 +315,9 @@ class Replica:
                 k = min(k, int(np.searchsorted(cum, heap[0][0])) + 1)  # stop at the first finish
                 self.progress = float(cum[k - 1])
                 if not drafted and sh.spec_on:
-                    self.gate.skipped += k - 1
+                    self.gate.skip(n_dec, k - 1)  # the skipped steps after the first
+            if drafted and sh.adaptive and not chunks:  # the engine scores pure decode steps only
+                self.gate.record(n_dec, n_dec * float(np.mean(gain[:k])), dt, sh.step_seconds(tokens, 0))
             t_end = self.clock + k * dt
             while heap and heap[0][0] <= self.progress:
                 _, _, arrival, first, prompt, p0, out = heapq.heappop(heap)

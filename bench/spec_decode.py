@@ -3,9 +3,12 @@ with the default model and drafter, in one run.
 
 Modes: off, fixed:1,2,3,5,7, threshold:0.8, adaptive. Concurrency: 1, 4, 16, 64 (that many requests at once).
 Mixes: `in_domain` = held-out chat prompts, greedy; `hard` = the out-of-domain prompt split sampled at
-temperature 1.0. One engine per mix; the mode is set per request, and modes are interleaved within each
-concurrency so they see the same machine state. Metrics per cell: output tokens/s (all tokens of the batch over its
-wall time, prefill included), mean per-request TPOT, mean verify length, and tokens per speculative step.
+temperature 1.0. Every request generates exactly --new-tokens tokens (ignore_eos), so sampled answers of different
+lengths do not skew the cells. One engine per mix; the mode is set per request, and modes are interleaved within
+each concurrency so they see the same machine state; the whole sweep is repeated --repeats times and each cell
+reports its median round (this machine is shared and noisy). Metrics per cell: output tokens/s (all tokens of the
+batch over its wall time, prefill included), mean per-request TPOT, mean verify length, and tokens per speculative
+step.
 
     .venv/bin/python bench/spec_decode.py           # writes bench/results/spec_decode.{json,png}
     .venv/bin/python bench/spec_decode.py --quick   # concurrency 1 and 4, 32 new tokens
@@ -32,7 +35,7 @@ def run_cell(engine, prompts, mode: str, temperature: float, new_tokens: int, se
     ids = [f"{mode}-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
     t0 = time.perf_counter()
     for i, (rid, p) in enumerate(zip(ids, prompts)):
-        engine.add_request(rid, p, SamplingParams(max_tokens=new_tokens, temperature=temperature,
+        engine.add_request(rid, p, SamplingParams(max_tokens=new_tokens, temperature=temperature, ignore_eos=True,
                                                   seed=seed + i if temperature else None, speculation=mode))
     outs = {}
     while engine.has_unfinished_requests():
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--drafter", default="default")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     concs = [1, 4] if args.quick else CONCURRENCY
     n_new = 32 if args.quick else args.new_tokens
@@ -68,7 +72,7 @@ def main() -> None:
     from draft_service.prompts import load_prompts
     from engine import EngineConfig, LLMEngine
 
-    report = {"new_tokens": n_new, "date": time.strftime("%Y-%m-%d %H:%M"), "mixes": {}}
+    report = {"new_tokens": n_new, "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"), "mixes": {}}
     for mix, (split, temperature) in MIXES.items():
         engine = LLMEngine(EngineConfig(drafter=args.drafter, max_num_seqs=64, max_num_batched_tokens=2048,
                                         kv_cache_memory_gb=1.0))
@@ -79,14 +83,19 @@ def main() -> None:
                                                              tokenize=True, return_dict=True)["input_ids"])
                    for r in records[: max(concs)]]
         run_cell(engine, prompts[:4], "adaptive", temperature, 16, 0)  # warm-up
+        rounds: dict[str, list[dict]] = {}
+        for rep in range(args.repeats):
+            for conc in concs:
+                for mode in MODES:
+                    res = run_cell(engine, prompts[:conc], mode, temperature, n_new, seed=conc)
+                    rounds.setdefault(f"{mode}@{conc}", []).append(res)
+                    print(f"{mix:9s} round {rep} conc {conc:3d} {mode:14s} {res['tok_s']:7.1f} tok/s  "
+                          f"tpot {res['tpot_ms']:6.1f} ms  verify {res['mean_verify_len']:.2f}  "
+                          f"tokens/step {res['tokens_per_spec_step']:.2f}", flush=True)
         cells = {}
-        for conc in concs:
-            for mode in MODES:
-                res = run_cell(engine, prompts[:conc], mode, temperature, n_new, seed=conc)
-                cells[f"{mode}@{conc}"] = res
-                print(f"{mix:9s} conc {conc:3d} {mode:14s} {res['tok_s']:7.1f} tok/s  tpot {res['tpot_ms']:6.1f} ms"
-                      f"  verify {res['mean_verify_len']:.2f}  tokens/step {res['tokens_per_spec_step']:.2f}",
-                      flush=True)
+        for key, runs in rounds.items():
+            cells[key] = dict(sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2])  # the median round
+            cells[key]["tok_s_rounds"] = [r["tok_s"] for r in runs]
         report["mixes"][mix] = {"temperature": temperature, "prompts": split, "cells": cells,
                                 "sps_table": engine.speculator.cost.table()}
     RESULTS.mkdir(exist_ok=True)

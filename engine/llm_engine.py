@@ -337,8 +337,9 @@ class LLMEngine:
         self.load.observe(load)
         t_fwd = time.perf_counter()
         out = self.runner.execute(sched.scheduled)
+        forward_seconds = time.perf_counter() - t_fwd
         if self.speculator is not None:
-            self.speculator.cost.forward.observe(sched.num_tokens, time.perf_counter() - t_fwd)
+            self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds)
         emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
         touched = []
         for i, s in enumerate(out.order):
@@ -360,8 +361,11 @@ class LLMEngine:
                 del seq.logprobs[seq.num_output_tokens:]
             if tokens:
                 touched.append(seq)
+        seconds = time.perf_counter() - t0
+        if self.speculator is not None:
+            self.speculator.observe_step(sum(map(len, emitted.values())), seconds, forward_seconds)
         self.counters.steps += 1
-        self.counters.step_time_s += time.perf_counter() - t0
+        self.counters.step_time_s += seconds
         return [self._output(seq) for seq in touched]
 
     def _accept(self, out) -> dict[int, list[int]]:

@@ -8,8 +8,9 @@ j but never on draft j itself (a search that looks further ahead leaks x_j into 
 tests/test_spec_controller.py for the paper's Appendix-A example).
 
 Beyond the paper: the confidences are corrected online by the acceptance each sequence actually showed per position
-(`AcceptanceTracker`), so a confidence head that is over-confident on hard content still gets short verifies, and an
-optional per-request latency target caps a request's verify length.
+(`AcceptanceTracker`), so a confidence head that is over-confident on hard content still gets short verifies; a
+gate skips draft rounds at loads where measured drafting has not paid (`DraftGate`); and an optional per-request
+latency target caps a request's verify length.
 """
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ class Candidate:
 
 @dataclass
 class Curve:
-    """Seconds as a piecewise-linear function of a size, on a grid, kept current by measurements: each one moves
-    the two nearest grid points towards it (EMA weighted by distance). Beyond the grid it extrapolates linearly."""
+    """Seconds as a piecewise-linear function of a size, on a grid, kept current by measurements: each one corrects
+    the two nearest grid points by its error against the curve, shared by their interpolation weights (so a step of
+    100 tokens does not drag the point at 64 towards its own, longer, time). Beyond the grid it extrapolates
+    linearly."""
 
     grid: list[int]
     seconds: list[float]
@@ -50,16 +53,17 @@ class Curve:
 
     def observe(self, x: float, seconds: float) -> None:
         g = self.grid
+        error = seconds - self.at(x)
         if x <= g[0]:
             points = [(0, 1.0)]
         elif x >= g[-1]:
-            points, seconds = [(len(g) - 1, 1.0)], seconds * g[-1] / x
+            points, error = [(len(g) - 1, 1.0)], error * g[-1] / x
         else:
             i = bisect.bisect_right(g, x) - 1
             w = (x - g[i]) / (g[i + 1] - g[i])
             points = [(i, 1.0 - w), (i + 1, w)]
         for i, weight in points:
-            self.seconds[i] += self.alpha * weight * (seconds - self.seconds[i])
+            self.seconds[i] += self.alpha * weight * error
 
 
 @dataclass
@@ -130,16 +134,6 @@ class AcceptanceTracker:
     def corrected(self, key, confidences: list[float]) -> list[float]:
         return [min(1.0, max(0.0, c * self.ratio(key, k))) for k, c in enumerate(confidences)]
 
-    def expected_acceptance(self) -> list[float]:
-        """Overall conditional acceptance per position, optimistic by one standard error, for deciding whether to
-        draft at all. The optimism matters: once drafting stops, the estimate is only refreshed by probes, and a
-        pessimistic one would keep it stopped."""
-        out = []
-        for o, c in zip(self.global_obs, self.global_count):
-            p = (o + 1.0) / (c + 2.0)
-            out.append(min(1.0, p + (p * (1 - p) / (c + 2.0)) ** 0.5))
-        return out
-
     def forget(self, key) -> None:
         self.per_seq.pop(key, None)
 
@@ -195,38 +189,82 @@ def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding
     return lengths
 
 
-def worth_drafting(num_decoding: int, base_tokens: int, acceptance: list[float], cost: StepCostModel,
-                   budget: int, max_len: int) -> bool:
-    """Before paying for a draft round: would drafting, with the acceptance observed so far, beat plain decoding at
-    this load? Every sequence is assumed to draft like the average one."""
-    if num_decoding == 0:
-        return False
-    plain = num_decoding * cost.sps(base_tokens)
-    tokens, tau = base_tokens, float(num_decoding)
-    for a in survival(acceptance[:max_len]):  # one more verified position for every sequence at a time
-        if tokens + num_decoding > budget:
-            break
-        tokens += num_decoding
-        tau += num_decoding * a
-        if tau * cost.sps(tokens, num_decoding) > plain:
-            return True
-    return False
+@dataclass
+class _GateState:
+    gain: float = 0.0  # EMA of (tokens emitted) x (seconds a plain step would have taken)
+    cost: float = 0.0  # EMA of (sequences decoding) x (seconds the drafted step took)
+    samples: int = 0
+    evidence: int = 0  # sequence-steps scored
+    skipped: int = 0  # steps skipped since the last probe
+    age: int = 0  # steps since the last drafted step
+    interval: int = 0  # steps between probes while closed
 
 
 @dataclass
 class DraftGate:
-    """Skips draft rounds that `worth_drafting` says cannot pay off, but still drafts every `probe_every`-th step,
-    so the acceptance estimates it relies on stay current."""
+    """Whether adaptive mode pays for a draft round this step, judged by what draft rounds have delivered.
 
-    probe_every: int = 16
-    skipped: int = 0
+    Every drafted step is scored by its goodput against plain decoding at the same load: (tokens emitted / seconds
+    the step took) over (sequences decoding / seconds a plain step of the same batch takes). Both are measured, so
+    the score needs no acceptance estimate; estimates from verified positions alone are optimistic, because adaptive
+    verifies only the positions it trusts. The score is kept per load bucket (decoding sequences, powers of two),
+    as a ratio of EMAs that fade per step, so a probe after a long pause outweighs what was seen before it. A bucket
+    drafts until its score falls to 1 or below; then it drafts only to probe, spaced so that probing loses at most
+    `probe_overhead` of the time."""
 
-    def should_draft(self, worth: bool) -> bool:
-        if worth or self.skipped + 1 >= self.probe_every:
-            self.skipped = 0
+    alpha: float = 0.05  # per step: about the last 20 steps
+    probe_overhead: float = 0.01  # the share of time probes may lose: a clear loss is probed rarely, a tie often
+    probe_every: int = 8
+    max_probe_every: int = 256
+    min_evidence: int = 8  # sequence-steps a bucket scores before it may close (a step of 64 sequences is 64)
+    probe_weight: float = 0.25  # the most one probe counts, however long the pause before it: noise is rife
+
+    def __post_init__(self) -> None:
+        self.buckets: dict[int, _GateState] = {}
+
+    def _state(self, num_decoding: int) -> _GateState:
+        return self.buckets.setdefault(num_decoding.bit_length(), _GateState(interval=self.probe_every))
+
+    def score(self, num_decoding: int) -> float | None:
+        st = self._state(num_decoding)
+        return st.gain / st.cost if st.samples else None
+
+    def is_open(self, num_decoding: int) -> bool:
+        score = self.score(num_decoding)
+        return score is None or score > 1.0 or self._state(num_decoding).evidence < self.min_evidence
+
+    def steps_until_probe(self, num_decoding: int) -> int:
+        st = self._state(num_decoding)
+        return max(1, st.interval - st.skipped)
+
+    def should_draft(self, num_decoding: int) -> bool:
+        st = self._state(num_decoding)
+        st.age += 1
+        if self.is_open(num_decoding) or st.skipped + 1 >= st.interval:
+            st.skipped = 0
             return True
-        self.skipped += 1
+        st.skipped += 1
         return False
+
+    def skip(self, num_decoding: int, steps: int) -> None:
+        """Count `steps` more skipped steps at once (the simulator's fast path; fewer than steps_until_probe)."""
+        st = self._state(num_decoding)
+        st.skipped += steps
+        st.age += steps
+
+    def record(self, num_decoding: int, emitted: float, seconds: float, plain_seconds: float) -> None:
+        """A drafted step: `emitted` tokens in `seconds`, where plain decoding would have taken `plain_seconds`
+        for `num_decoding` tokens."""
+        st = self._state(num_decoding)
+        st.samples += 1
+        st.evidence += num_decoding
+        a = max(1.0 / st.samples, min(self.probe_weight, 1.0 - (1.0 - self.alpha) ** max(1, st.age)))
+        st.age = 0
+        st.gain += a * (emitted * plain_seconds - st.gain)
+        st.cost += a * (num_decoding * seconds - st.cost)
+        score = st.gain / st.cost
+        if score < 1.0:  # a probe costs (1/score - 1) of a plain step
+            st.interval = int(min(self.max_probe_every, max(self.probe_every, (1.0 / score - 1.0) / self.probe_overhead)))
 
 
 def latency_cap(target_tpot_s: float | None, cost: StepCostModel, tokens: int, drafted_seqs: int,

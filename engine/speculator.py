@@ -20,7 +20,7 @@ from engine.rejection_sampler import verify_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
 from engine.spec_controller import (AcceptanceTracker, Candidate, DraftGate, StepCostModel,
-                                    choose_verify_lengths, latency_cap, worth_drafting)
+                                    choose_verify_lengths, latency_cap)
 from engine.spec_mode import SpecMode, parse_speculation
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,9 @@ class Speculator:
         self.draft_vocab = None
         self.disabled_until = 0.0
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
+        self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated drafted step
+        self.drafted = False  # whether this step ran a draft round
+        self.plain_overhead_s = 0.0  # EMA of a plain step's time outside the forward (schedule, sample, emit)
         # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
         # so each sequence rebuilds its context from scratch the next time it drafts.
         self.epoch = 0
@@ -91,6 +94,7 @@ class Speculator:
         """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
         occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
         self.last_verify_tokens = 0
+        self.scoring, self.drafted = None, False
         decoding = [s for s in sched.scheduled if s.samples and s.num_new_tokens == 1 and s.seq.num_output_tokens]
         base_tokens = load.base_tokens
         eligible = []
@@ -104,16 +108,17 @@ class Speculator:
         load.eligible = len(eligible)
         if not eligible or time.monotonic() < self.disabled_until:
             return
-        worth = worth_drafting(load.decoding, base_tokens, self.tracker.expected_acceptance(), self.cost,
-                               self.budget, self.gamma)
-        if not any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible):
-            worth = True  # fixed and threshold modes draft every step, as asked
-        if not self.gate.should_draft(worth):
+        gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible)  # other modes draft as asked
+        if gated and not self.gate.should_draft(load.decoding):
             self.counters.skipped_rounds += 1
             return
         step = self._draft([s.seq for s, _ in eligible])
         if step is None:
             return
+        if gated and base_tokens == load.decoding:
+            # Scored once the step is done (observe_step); only pure decode steps, where the predicted plain step
+            # is a measured one: a prefill chunk's cost would drown the draft round's.
+            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
         cands = []
         for i, (s, room) in enumerate(eligible):
             seq = s.seq
@@ -163,10 +168,20 @@ class Speculator:
             log.warning("draft service failed (%s); plain decoding for %.0f s", exc, RETRY_AFTER_FAILURE_S)
             return None
         seconds = time.perf_counter() - t0
+        self.drafted = True
         self.cost.draft.observe(len(seqs), seconds)
         self.counters.draft_rounds += 1
         self.counters.draft_seconds += seconds
         return step
+
+    def observe_step(self, emitted: int, seconds: float, forward_seconds: float) -> None:
+        """The step is done: `emitted` tokens in `seconds`, `forward_seconds` of them in the packed forward."""
+        if not self.drafted:
+            self.plain_overhead_s += 0.1 * (seconds - forward_seconds - self.plain_overhead_s)
+        elif self.scoring is not None:
+            decoding, plain_seconds = self.scoring
+            self.gate.record(decoding, emitted, seconds, plain_seconds)
+            self.scoring = None
 
     # ----- after the forward --------------------------------------------------------------------------------
 
