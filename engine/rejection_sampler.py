@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import SamplingBatch, exponential_noise, target_probs
+from engine.sampler import SamplingBatch, sample_from_probs, target_probs
 
 
 @dataclass
@@ -61,8 +61,7 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
             dist = residual if residual.sum() > 0 else p_t[row + a]
         else:
             dist = p_t[row + k]
-        noise = exponential_noise((1, dist.shape[0]), [g], device, default)[0]
-        tokens.append(d[:a] + [int((dist / noise).argmax())])
+        tokens.append(d[:a] + [int(sample_from_probs(dist[None], [g], default)[0])])
         accepted.append(a)
         row += k + 1
     return VerifyResult(tokens, accepted)

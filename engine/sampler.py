@@ -1,7 +1,9 @@
 """Token sampling: greedy, temperature, top-k, top-p, with optional per-request seeds.
 
-Random rows use the exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from p. A request with a
-seed draws its noise from its own generator, so its samples do not depend on what else is in the batch.
+Random rows are drawn by inverse CDF: one uniform per row picks the first token whose cumulative mass exceeds it, which
+draws exactly from p. (The exponential race, argmax of p / E with E ~ Exp(1), is exact too, but it draws a noise
+value for every vocabulary entry: 98 ms a step for 64 rows of 49k on this CPU, more than the forward.) A request with
+a seed draws its uniform from its own generator, so its samples do not depend on what else is in the batch.
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.use_top_p:
         sorted_p, order = probs.sort(dim=1, descending=True)
         mass_before = sorted_p.cumsum(dim=1) - sorted_p
-        sorted_p = sorted_p.masked_fill(mass_before >= batch.top_p.unsqueeze(1), 0.0)
+        drop = mass_before >= batch.top_p.unsqueeze(1)
+        drop[:, 0] = False  # the most likely token always stays (a top_p that underflows float32 would drop all)
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
         probs = probs / probs.sum(dim=1, keepdim=True)
     greedy = batch.temperature == 0
@@ -59,18 +63,24 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return probs
 
 
-def exponential_noise(shape: tuple[int, int], generators, device, default: torch.Generator | None) -> torch.Tensor:
-    """Exp(1) noise; row i comes from generators[i] when it has one, else from `default`."""
-    noise = torch.empty(shape, device=device).exponential_(generator=default)
+def uniform_noise(n: int, generators, device, default: torch.Generator | None) -> torch.Tensor:
+    """U[0, 1) per row, float64; row i comes from generators[i] when it has one, else from `default`."""
+    u = torch.rand(n, dtype=torch.float64, device=device, generator=default)
     for i, g in enumerate(generators):
         if g is not None:
-            noise[i].exponential_(generator=g)
-    return noise.clamp_(min=1e-20)  # an exact 0 would turn a zero-probability token into 0/0
+            u[i] = torch.rand(1, dtype=torch.float64, device=device, generator=g)[0]
+    return u
 
 
 def sample_from_probs(probs: torch.Tensor, generators, default: torch.Generator | None) -> torch.Tensor:
-    noise = exponential_noise(tuple(probs.shape), generators, probs.device, default)
-    return (probs / noise).argmax(dim=1)
+    """One token per row of non-negative weights `probs` [N, V] (normalised or not), by inverse CDF. The target
+    point stays below the row's total, so some token's cumulative mass exceeds it, and a token of zero weight
+    (whose cumulative mass equals its predecessor's) is never the first to exceed it."""
+    cdf = probs.to(torch.float64).cumsum(dim=1)
+    total = cdf[:, -1:]
+    x = uniform_noise(probs.shape[0], generators, probs.device, default)[:, None] * total
+    x = torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True)[:, 0]
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, default: torch.Generator | None = None,

@@ -177,6 +177,16 @@ def test_same_seed_same_sample_and_batch_independent(tiny_engine):
     assert other != alone
 
 
+def test_top_p_that_underflows_keeps_the_most_likely_token():
+    """Found by the schemathesis fuzz: top_p=5e-324 is valid (> 0) but 0 in float32, which once masked every token
+    and sent NaN into the sampler."""
+    from engine.sampler import SamplingBatch, sample
+
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5]])
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0, top_p=5e-324)], [None], torch.device("cpu"))
+    assert [sample(logits, batch).item() for _ in range(20)] == [1] * 20
+
+
 def test_preemption_recomputes_and_every_request_completes(tiny_dir):
     # 24 blocks of 16 tokens: far fewer than 10 requests of ~70 tokens need together.
     engine = LLMEngine(EngineConfig(model=str(tiny_dir), dtype="float64", device="cpu", block_size=16,
