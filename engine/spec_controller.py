@@ -103,7 +103,6 @@ class AcceptanceTracker:
     def __post_init__(self) -> None:
         self.global_obs = [0.0] * self.gamma
         self.global_pred = [0.0] * self.gamma
-        self.global_count = [0.0] * self.gamma
         self.per_seq: dict = {}  # key -> (observed, predicted) EMAs per position
 
     def record(self, key, confidences: list[float], verified: int, accepted: int) -> None:
@@ -122,7 +121,6 @@ class AcceptanceTracker:
                 pred[k] += confidences[k]
                 self.global_obs[k] = d * self.global_obs[k] + hit
                 self.global_pred[k] = d * self.global_pred[k] + confidences[k]
-                self.global_count[k] = d * self.global_count[k] + 1.0
 
     def ratio(self, key, k: int) -> float:
         g = (self.global_obs[k] + 1.0) / (self.global_pred[k] + 1.0)  # +1 on both: a neutral prior

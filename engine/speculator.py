@@ -116,8 +116,8 @@ class Speculator:
         if step is None:
             return
         if gated and base_tokens == load.decoding:
-            # Scored once the step is done (observe_step); only pure decode steps, where the predicted plain step
-            # is a measured one: a prefill chunk's cost would drown the draft round's.
+            # Scored once the step is done (observe_step); only pure decode steps, where the curve predicts the
+            # plain step from decode steps like it: a prefill chunk's cost would drown the draft round's.
             self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
         cands = []
         for i, (s, room) in enumerate(eligible):
