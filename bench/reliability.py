@@ -539,7 +539,7 @@ def completion_body(ids: list[int], max_tokens: int, stream: bool = True) -> dic
     return {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
 
 
-def plain_reference(target: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def plain_reference(target: Path, prompts: list[list[int]], max_tokens: int | list[int]) -> list:
     """Unfaulted greedy answers: the same float64 target without speculation, in process."""
     from engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -550,9 +550,9 @@ def plain_reference(target: Path, prompts: list[list[int]], max_tokens: int) -> 
     try:
         eng = LLMEngine(EngineConfig(model=str(target), dtype="float64", device="cpu", kv_cache_memory_gb=0.05,
                                      max_num_seqs=16, max_num_batched_tokens=512))
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        for i, p in enumerate(prompts):
-            eng.add_request(f"p{i}", p, params)
+        lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            eng.add_request(f"p{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
         done = {}
         while eng.has_unfinished_requests():
             for out in eng.step():
@@ -593,16 +593,16 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
     s0 = stats(app)["spec"]
     events: dict = {}
     results: list[dict] = []
-    prompts: list[list[int]] = []
     next_id = iter(range(10**6))
 
-    async def client_loop(client, stop_at):
+    async def client_loop(client, stop_at, first_max_tokens):
+        tokens = first_max_tokens
         while time.monotonic() < stop_at and not events.get("done"):
             ids = prompt_ids(next(next_id))
-            prompts.append(ids)
-            res = await stream_request(client, "/v1/completions", completion_body(ids, max_tokens), timeout_s)
-            res["prompt"] = ids
+            res = await stream_request(client, "/v1/completions", completion_body(ids, tokens), timeout_s)
+            res["prompt"], res["max_tokens"] = ids, tokens
             results.append(res)
+            tokens = max_tokens
 
     def watcher(t_start):
         """Kill once the streams are under way; then follow the engine's counters until drafting resumed."""
@@ -631,7 +631,10 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
         t_start = time.monotonic()
         stop_at = t_start + timeout_s
         async with httpx.AsyncClient(base_url=app.base, timeout=httpx.Timeout(timeout_s, connect=60)) as client:
-            loops = [asyncio.create_task(client_loop(client, stop_at)) for _ in range(concurrency)]
+            # Staggered lengths: the loops' request boundaries fall at different times, so whenever drafting
+            # resumes some loop is mid-request, with tokens generated during the outage.
+            loops = [asyncio.create_task(client_loop(client, stop_at, max_tokens * (i + 1) // (concurrency + 1)))
+                     for i in range(concurrency)]
             await asyncio.to_thread(watcher, t_start)
             events["done"] = True  # the loops finish their current request and stop
             await asyncio.gather(*loops)
@@ -649,7 +652,7 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
     if fallbacks_metric < 1:
         problems.append("dspark:draft_fallbacks_total did not count the fallback")
 
-    want = plain_reference(target, [r["prompt"] for r in results], max_tokens)
+    want = plain_reference(target, [r["prompt"] for r in results], [r["max_tokens"] for r in results])
     spanned_kill, rebuilt = 0, 0
     for r, w in zip(results, want):
         if r["outcome"] != "completed":
@@ -659,17 +662,22 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
             problems.append(f"an answer differs from the unfaulted run (prompt {r['prompt'][:4]}...)")
         if "killed" in events and r["start"] < events["killed"] < r["end"]:
             spanned_kill += 1
-        # Started (and producing tokens) while drafting was off, finished after it resumed, and speculated: its
-        # draft context was built from the engine's taps of tokens computed before the actor came back.
+        # Started after the kill, producing tokens while drafting was off, and speculated (so after the restart):
+        # its draft context was built from the engine's taps of tokens computed before the actor came back.
         steps = ((r["metrics"] or {}).get("speculative_decoding") or {}).get("num_spec_steps", 0)
         if ("fallback" in events and "resumed" in events and events["killed"] < r["start"]
-                and r["start"] + (r["ttft_s"] or 0) < events.get("last_not_resumed", 0) and r["end"] > events["resumed"]
-                and steps > 0):
+                and r["start"] + (r["ttft_s"] or 0) < events.get("last_not_resumed", 0) and steps > 0):
             rebuilt += 1
     if not spanned_kill:
         problems.append("no request was in flight when the draft actor was killed")
     if not rebuilt:
-        problems.append("no request that generated during the outage speculated after the restart")
+        t0 = events.get("killed", 0)
+        timeline = [(round(r["start"] - t0, 2), round(r["end"] - t0, 2), r["max_tokens"],
+                     ((r["metrics"] or {}).get("speculative_decoding") or {}).get("num_spec_steps", 0))
+                    for r in results]
+        problems.append("no request that generated during the outage speculated after the restart: "
+                        f"events {({k: round(v - t0, 2) for k, v in events.items() if isinstance(v, float)})}, "
+                        f"requests (start, end, max_tokens, spec steps) {timeline}")
     return {"requests": len(results), "completed": sum(r["outcome"] == "completed" for r in results),
             "identical": sum(r["outcome"] == "completed" and r["text"] == w.text for r, w in zip(results, want)),
             "in_flight_at_kill": spanned_kill, "rebuilt_and_speculated": rebuilt,
