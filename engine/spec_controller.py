@@ -189,13 +189,15 @@ def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding
 
 @dataclass
 class _GateState:
-    gain: float = 0.0  # EMA of (tokens emitted) x (seconds a plain step would have taken)
+    gain: float = 0.0  # EMA of (tokens emitted) x (seconds a plain step would take, as predicted)
     cost: float = 0.0  # EMA of (sequences decoding) x (seconds the drafted step took)
     samples: int = 0
     evidence: int = 0  # sequence-steps scored
-    skipped: int = 0  # steps skipped since the last probe
     age: int = 0  # steps since the last drafted step
-    interval: int = 0  # steps between probes while closed
+    since_switch: int = 0  # closed: steps skipped since the last probe; open: steps drafted since the last control
+    plain_measured: float = 0.0  # EMA of plain steps' seconds ...
+    plain_predicted: float = 0.0  # ... and of what the cost curve predicted for them
+    plain_samples: int = 0
 
 
 @dataclass
@@ -203,12 +205,15 @@ class DraftGate:
     """Whether adaptive mode pays for a draft round this step, judged by what draft rounds have delivered.
 
     Every drafted step is scored by its goodput against plain decoding at the same load: (tokens emitted / seconds
-    the step took) over (sequences decoding / seconds a plain step of the same batch takes). Both are measured, so
-    the score needs no acceptance estimate; estimates from verified positions alone are optimistic, because adaptive
-    verifies only the positions it trusts. The score is kept per load bucket (decoding sequences, powers of two),
-    as a ratio of EMAs that fade per step, so a probe after a long pause outweighs what was seen before it. A bucket
-    drafts until its score falls to 1 or below; then it drafts only to probe, spaced so that probing loses at most
-    `probe_overhead` of the time."""
+    the step took) over (sequences decoding / seconds a plain step of the same batch takes). The score needs no
+    acceptance estimate; estimates from verified positions alone are optimistic, because adaptive verifies only the
+    positions it trusts. The plain side is the cost curve's prediction, scaled by what plain steps of the same bucket
+    measured against their predictions: a curve point fitted from other batch sizes can sit off by more than the
+    margin being judged. So both sides are measured: a closed bucket's steps are plain, and an open bucket runs a
+    plain control step now and then. Scores are kept per load bucket (decoding sequences, powers of two), as ratios
+    of EMAs that fade per step, so a probe after a long pause outweighs what was seen before it. A bucket drafts
+    until its score falls to 1 or below; then it drafts only to probe. Probes (closed) and control steps (open) are
+    spaced so that each loses at most `probe_overhead` of the time."""
 
     alpha: float = 0.05  # per step: about the last 20 steps
     probe_overhead: float = 0.01  # the share of time probes may lose: a clear loss is probed rarely, a tie often
@@ -216,43 +221,64 @@ class DraftGate:
     max_probe_every: int = 256
     min_evidence: int = 8  # sequence-steps a bucket scores before it may close (a step of 64 sequences is 64)
     probe_weight: float = 0.25  # the most one probe counts, however long the pause before it: noise is rife
+    plain_alpha: float = 0.1  # per plain step scored
 
     def __post_init__(self) -> None:
         self.buckets: dict[int, _GateState] = {}
 
     def _state(self, num_decoding: int) -> _GateState:
-        return self.buckets.setdefault(num_decoding.bit_length(), _GateState(interval=self.probe_every))
+        return self.buckets.setdefault(num_decoding.bit_length(), _GateState())
+
+    def plain_bias(self, num_decoding: int) -> float:
+        """Measured / predicted seconds of this bucket's plain steps (1 before any was measured)."""
+        st = self._state(num_decoding)
+        return st.plain_measured / st.plain_predicted if st.plain_samples else 1.0
 
     def score(self, num_decoding: int) -> float | None:
         st = self._state(num_decoding)
-        return st.gain / st.cost if st.samples else None
+        return st.gain / st.cost * self.plain_bias(num_decoding) if st.samples else None
 
     def is_open(self, num_decoding: int) -> bool:
         score = self.score(num_decoding)
         return score is None or score > 1.0 or self._state(num_decoding).evidence < self.min_evidence
 
+    def _spacing(self, num_decoding: int) -> int:
+        """Steps between probes (closed) or control steps (open): a probe loses 1/score - 1 of a plain step, a
+        control step 1 - 1/score of a drafted one."""
+        score = self.score(num_decoding)
+        loss = 0.0 if score is None else abs(1.0 / score - 1.0) if score < 1.0 else 1.0 - 1.0 / score
+        return int(min(self.max_probe_every, max(self.probe_every, loss / self.probe_overhead)))
+
     def steps_until_probe(self, num_decoding: int) -> int:
-        st = self._state(num_decoding)
-        return max(1, st.interval - st.skipped)
+        """Steps until this bucket next drafts (1 when open)."""
+        if self.is_open(num_decoding):
+            return 1
+        return max(1, self._spacing(num_decoding) - self._state(num_decoding).since_switch)
 
     def should_draft(self, num_decoding: int) -> bool:
         st = self._state(num_decoding)
         st.age += 1
-        if self.is_open(num_decoding) or st.skipped + 1 >= st.interval:
-            st.skipped = 0
+        if self.is_open(num_decoding):
+            if st.samples and st.since_switch >= self._spacing(num_decoding):
+                st.since_switch = 0
+                return False  # a control step: measure plain decoding at this load
+            st.since_switch += 1
             return True
-        st.skipped += 1
+        st.since_switch += 1
+        if st.since_switch >= self._spacing(num_decoding):
+            st.since_switch = 0
+            return True  # a probe
         return False
 
     def skip(self, num_decoding: int, steps: int) -> None:
         """Count `steps` more skipped steps at once (the simulator's fast path; fewer than steps_until_probe)."""
         st = self._state(num_decoding)
-        st.skipped += steps
+        st.since_switch += steps
         st.age += steps
 
     def record(self, num_decoding: int, emitted: float, seconds: float, plain_seconds: float) -> None:
-        """A drafted step: `emitted` tokens in `seconds`, where plain decoding would have taken `plain_seconds`
-        for `num_decoding` tokens."""
+        """A drafted step: `emitted` tokens in `seconds`, where plain decoding of `num_decoding` tokens is predicted
+        to take `plain_seconds`."""
         st = self._state(num_decoding)
         st.samples += 1
         st.evidence += num_decoding
@@ -260,9 +286,17 @@ class DraftGate:
         st.age = 0
         st.gain += a * (emitted * plain_seconds - st.gain)
         st.cost += a * (num_decoding * seconds - st.cost)
-        score = st.gain / st.cost
-        if score < 1.0:  # a probe costs (1/score - 1) of a plain step
-            st.interval = int(min(self.max_probe_every, max(self.probe_every, (1.0 / score - 1.0) / self.probe_overhead)))
+        if not self.is_open(num_decoding):
+            st.since_switch = 0  # closed (again): the next probe is a full spacing away
+
+    def record_plain(self, num_decoding: int, seconds: float, predicted_seconds: float) -> None:
+        """A plain decode step of `num_decoding` sequences took `seconds`; the cost curve predicted
+        `predicted_seconds`."""
+        st = self._state(num_decoding)
+        st.plain_samples += 1
+        a = max(1.0 / st.plain_samples, self.plain_alpha)
+        st.plain_measured += a * (seconds - st.plain_measured)
+        st.plain_predicted += a * (predicted_seconds - st.plain_predicted)
 
 
 def latency_cap(target_tpot_s: float | None, cost: StepCostModel, tokens: int, drafted_seqs: int,

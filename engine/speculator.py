@@ -78,7 +78,7 @@ class Speculator:
         self.draft_vocab = None
         self.disabled_until = 0.0
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
-        self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated drafted step
+        self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated pure decode step
         self.drafted = False  # whether this step ran a draft round
         self.plain_overhead_s = 0.0  # EMA of a plain step's time outside the forward (schedule, sample, emit)
         # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
@@ -109,16 +109,16 @@ class Speculator:
         if not eligible or time.monotonic() < self.disabled_until:
             return
         gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible)  # other modes draft as asked
+        if gated and base_tokens == load.decoding:
+            # Scored once the step is done (observe_step), drafted or not; only pure decode steps, where the curve
+            # predicts the plain step from decode steps like it: a prefill chunk's cost would drown the draft round's.
+            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
         if gated and not self.gate.should_draft(load.decoding):
             self.counters.skipped_rounds += 1
             return
         step = self._draft([s.seq for s, _ in eligible])
         if step is None:
             return
-        if gated and base_tokens == load.decoding:
-            # Scored once the step is done (observe_step); only pure decode steps, where the curve predicts the
-            # plain step from decode steps like it: a prefill chunk's cost would drown the draft round's.
-            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
         cands = []
         for i, (s, room) in enumerate(eligible):
             seq = s.seq
@@ -178,9 +178,12 @@ class Speculator:
         """The step is done: `emitted` tokens in `seconds`, `forward_seconds` of them in the packed forward."""
         if not self.drafted:
             self.plain_overhead_s += 0.1 * (seconds - forward_seconds - self.plain_overhead_s)
-        elif self.scoring is not None:
+        if self.scoring is not None:
             decoding, plain_seconds = self.scoring
-            self.gate.record(decoding, emitted, seconds, plain_seconds)
+            if self.drafted:
+                self.gate.record(decoding, emitted, seconds, plain_seconds)
+            else:
+                self.gate.record_plain(decoding, seconds, plain_seconds)
             self.scoring = None
 
     # ----- after the forward --------------------------------------------------------------------------------

@@ -134,6 +134,8 @@ def simulate(mode: str, true_accept: float, stated_conf: float, steps=400, seed=
         if not draft:
             seconds += cost.step_seconds(n_seq)
             tokens_out += n_seq
+            if spec.kind == "adaptive":
+                gate.record_plain(n_seq, cost.step_seconds(n_seq), cost.step_seconds(n_seq))
             continue
         cands = [Candidate(i, [stated_conf] * 7, spec, 7) for i in range(n_seq)]
         corrected = {c.key: tracker.corrected(c.key, c.confidences) for c in cands}
@@ -180,6 +182,27 @@ def test_draft_gate_closes_where_drafting_lost_and_probes_in_proportion_to_the_l
     for _ in range(6):  # the content got easy: probes win, the gate reopens
         gate.record(64, emitted=160, seconds=0.15, plain_seconds=0.10)
     assert gate.is_open(64) and gate.should_draft(64)
+
+
+def test_draft_gate_measures_plain_steps_and_runs_control_steps_while_open():
+    """The plain side is measured, not only predicted: a cost curve that predicts plain steps 25% slow makes a
+    losing draft round look like a win until the gate's plain control steps measure the truth."""
+    gate = DraftGate()
+    decisions = []
+    for _ in range(40):  # drafted steps emit 70 tokens for 64 sequences in 0.10 s; plain steps take 0.08 s
+        decisions.append(gate.should_draft(64))
+        if decisions[-1]:
+            gate.record(64, emitted=70, seconds=0.10, plain_seconds=0.10)  # the curve predicts 0.10 s
+        else:
+            gate.record_plain(64, seconds=0.08, predicted_seconds=0.10)
+        if len(decisions) == 8:
+            assert gate.score(64) == pytest.approx(70 / 64) and gate.is_open(64)  # by the prediction: a 9% win
+    # Open at score 1.09, a control step costs 1 - 1/1.09 = 8.6% of a drafted one: one comes after 8 drafted steps.
+    assert decisions[:9] == [True] * 8 + [False], decisions
+    assert gate.plain_bias(64) == pytest.approx(0.8)
+    assert gate.score(64) == pytest.approx(70 / 64 * 0.8) and not gate.is_open(64)  # a 12.5% loss: closed
+    assert decisions[9:].count(True) == 2  # then it probes: one in (1/0.875 - 1) / 1% = 14 steps, of 31
+    assert gate.plain_bias(16) == 1.0  # other buckets keep their own calibration
 
 
 def test_step_cost_model_tracks_measurements():
