@@ -316,8 +316,11 @@ class Replica:
                 self.progress = float(cum[k - 1])
                 if not drafted and sh.spec_on:
                     self.gate.skip(n_dec, k - 1)  # the skipped steps after the first
-            if drafted and sh.adaptive and not chunks:  # the engine scores pure decode steps only
-                self.gate.record(n_dec, n_dec * float(np.mean(gain[:k])), dt, sh.step_seconds(tokens, 0))
+            if sh.spec_on and not chunks:  # the engine scores pure decode steps only
+                if not drafted:  # calibrates the plain side (the profile's prediction is the truth here)
+                    self.gate.record_plain(n_dec, dt, dt)
+                elif sh.adaptive:
+                    self.gate.record(n_dec, n_dec * float(np.mean(gain[:k])), dt, sh.step_seconds(tokens, 0))
             t_end = self.clock + k * dt
             while heap and heap[0][0] <= self.progress:
                 _, _, arrival, first, prompt, p0, out = heapq.heappop(heap)

@@ -144,7 +144,8 @@ class LLMServer:
         """First item: {"admitted": True} or an error; then one delta per engine output (see _delta). If the caller
         goes away (client disconnect -> Serve cancels this generator) the request is aborted."""
         try:
-            stream = await self.engine.add_request(request_id, prompt, SamplingParams(**params))
+            stream = await self.engine.add_request(request_id, prompt, SamplingParams(**params),
+                                                   min_interval_s=self.config.stream_interval_ms / 1000)
         except Exception as exc:
             yield _error(exc)
             return

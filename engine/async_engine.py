@@ -54,16 +54,21 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     admitted: asyncio.Future  # result None once add_request succeeded, or its exception
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | BaseException
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # the last item (finished or an error) is queued
 
 
 class RequestStream:
     """The outputs of one admitted request. Iterating yields RequestOutput deltas (several pending deltas are merged
     into one, so a slow reader does not fall behind); leaving early (break, cancellation, aclose) aborts the
-    request in the engine."""
+    request in the engine.
 
-    def __init__(self, engine: AsyncLLMEngine, req: _Request):
+    `min_interval_s` coalesces: after a delta, the next one is held until that much time has passed (the first
+    delta and the last are never held). Every delta a server forwards costs a message per hop, whatever its size."""
+
+    def __init__(self, engine: AsyncLLMEngine, req: _Request, min_interval_s: float = 0.0):
         self._engine = engine
         self._req = req
+        self.min_interval_s = min_interval_s
         self.finished = False
 
     @property
@@ -75,9 +80,19 @@ class RequestStream:
 
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         q = self._req.queue
+        loop = asyncio.get_running_loop()
+        last_yield = None
         try:
             while not self.finished:
                 items = [await q.get()]
+                if self.min_interval_s and last_yield is not None and not self._req.ended.is_set():
+                    wait = last_yield + self.min_interval_s - loop.time()
+                    if wait > 0:
+                        try:
+                            async with asyncio.timeout(wait):
+                                await self._req.ended.wait()  # the last delta goes out at once
+                        except TimeoutError:
+                            pass
                 while not q.empty():
                     items.append(q.get_nowait())
                 merged = None
@@ -90,6 +105,7 @@ class RequestStream:
                     merged = item if merged is None else _merge(merged, item)
                 self.finished = merged.finished
                 yield merged
+                last_yield = loop.time()
         finally:
             self.close()
 
@@ -126,10 +142,11 @@ class AsyncLLMEngine:
 
     # ----- the asyncio side ---------------------------------------------------------------------------------------
 
-    async def add_request(self, request_id: str, prompt: str | list[int],
-                          params: SamplingParams | None = None) -> RequestStream:
-        """Admit a request and return its stream. Raises what LLMEngine.add_request raises (QueueFullError for a
-        full queue, ValueError for a bad prompt or a duplicate id), or EngineDeadError."""
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                          min_interval_s: float = 0.0) -> RequestStream:
+        """Admit a request and return its stream (`min_interval_s`: see RequestStream). Raises what
+        LLMEngine.add_request raises (QueueFullError for a full queue, ValueError for a bad prompt or a duplicate
+        id), or EngineDeadError."""
         loop = asyncio.get_running_loop()
         req = _Request(request_id, prompt, params or SamplingParams(), loop, loop.create_future())
         self._submit(("add", req))
@@ -138,7 +155,7 @@ class AsyncLLMEngine:
         except asyncio.CancelledError:
             self.abort(request_id)  # the add may already have happened
             raise
-        return RequestStream(self, req)
+        return RequestStream(self, req, min_interval_s)
 
     async def generate(self, request_id: str, prompt: str | list[int],
                        params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
@@ -291,4 +308,9 @@ def _resolve(req: _Request, exc: BaseException | None) -> None:
 
 
 def _deliver(req: _Request, item) -> None:
-    _call(req.loop, req.queue.put_nowait, item)
+    def put():
+        req.queue.put_nowait(item)
+        if isinstance(item, BaseException) or item.finished:
+            req.ended.set()
+
+    _call(req.loop, put)

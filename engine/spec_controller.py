@@ -222,6 +222,7 @@ class DraftGate:
     min_evidence: int = 8  # sequence-steps a bucket scores before it may close (a step of 64 sequences is 64)
     probe_weight: float = 0.25  # the most one probe counts, however long the pause before it: noise is rife
     plain_alpha: float = 0.1  # per plain step scored
+    min_plain_samples: int = 2  # plain steps measured in a bucket before control steps are spaced out
 
     def __post_init__(self) -> None:
         self.buckets: dict[int, _GateState] = {}
@@ -259,7 +260,9 @@ class DraftGate:
         st = self._state(num_decoding)
         st.age += 1
         if self.is_open(num_decoding):
-            if st.samples and st.since_switch >= self._spacing(num_decoding):
+            # Until a couple of plain steps are measured at this load, the prediction alone judges: check it soon.
+            spacing = self._spacing(num_decoding) if st.plain_samples >= self.min_plain_samples else 2
+            if st.samples and st.since_switch >= spacing:
                 st.since_switch = 0
                 return False  # a control step: measure plain decoding at this load
             st.since_switch += 1

@@ -80,6 +80,7 @@ class Speculator:
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
         self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated pure decode step
         self.drafted = False  # whether this step ran a draft round
+        self.gated = False  # whether the draft gate decided this step's round (adaptive mode)
         self.plain_overhead_s = 0.0  # EMA of a plain step's time outside the forward (schedule, sample, emit)
         # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
         # so each sequence rebuilds its context from scratch the next time it drafts.
@@ -94,7 +95,7 @@ class Speculator:
         """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
         occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
         self.last_verify_tokens = 0
-        self.scoring, self.drafted = None, False
+        self.scoring, self.drafted, self.gated = None, False, False
         decoding = [s for s in sched.scheduled if s.samples and s.num_new_tokens == 1 and s.seq.num_output_tokens]
         base_tokens = load.base_tokens
         eligible = []
@@ -106,13 +107,14 @@ class Speculator:
             if self.mode_of(seq).kind != "off" and room > 0 and not reproducible_only_plainly(seq.params):
                 eligible.append((s, room))
         load.eligible = len(eligible)
+        if decoding and base_tokens == load.decoding:
+            # Scored once the step is done (observe_step): a plain step, whatever its requests' modes, calibrates the
+            # gate's plain side; a gated draft round is scored against it. Pure decode steps only: a prefill chunk's
+            # cost would drown the draft round's.
+            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
         if not eligible or time.monotonic() < self.disabled_until:
             return
-        gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible)  # other modes draft as asked
-        if gated and base_tokens == load.decoding:
-            # Scored once the step is done (observe_step), drafted or not; only pure decode steps, where the curve
-            # predicts the plain step from decode steps like it: a prefill chunk's cost would drown the draft round's.
-            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
+        gated = self.gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible)  # others draft as asked
         if gated and not self.gate.should_draft(load.decoding):
             self.counters.skipped_rounds += 1
             return
@@ -180,10 +182,10 @@ class Speculator:
             self.plain_overhead_s += 0.1 * (seconds - forward_seconds - self.plain_overhead_s)
         if self.scoring is not None:
             decoding, plain_seconds = self.scoring
-            if self.drafted:
-                self.gate.record(decoding, emitted, seconds, plain_seconds)
-            else:
+            if not self.drafted:
                 self.gate.record_plain(decoding, seconds, plain_seconds)
+            elif self.gated:
+                self.gate.record(decoding, emitted, seconds, plain_seconds)
             self.scoring = None
 
     # ----- after the forward --------------------------------------------------------------------------------

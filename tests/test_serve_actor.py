@@ -65,6 +65,24 @@ def test_target_head_is_read_from_safetensors(models, default_model_dir):
     assert embed.shape[0] == json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_packed_tap_rows_survive_serialization_exactly(dtype):
+    """The proxy ships a round's tap rows as one numpy buffer (not one pickled tensor per sequence)."""
+    from ray import cloudpickle
+
+    from draft_service.actor import pack_syncs, unpack_syncs
+    from draft_service.service import ContextSync
+
+    rows = torch.randn(40, 12).to(dtype)
+    syncs = [ContextSync("a", 3, rows[5:7]), ContextSync("b", 0, None), ContextSync("c", 9, rows[10:10]),
+             ContextSync("d", 1, rows[20:25].t().contiguous().t())]  # a non-contiguous view too
+    out = unpack_syncs(*cloudpickle.loads(cloudpickle.dumps(pack_syncs(syncs))))
+    assert [(s.key, s.keep) for s in out] == [(s.key, s.keep) for s in syncs]
+    assert out[1].taps is None and out[2].taps is None
+    for i in (0, 3):
+        assert out[i].taps.dtype == dtype and torch.equal(out[i].taps, syncs[i].taps)
+
+
 def test_actor_drafts_equal_in_process_drafts(ray_cluster, models):
     target, drafter = models
     cfg = EngineConfig(**common(target), speculation="fixed:3")
