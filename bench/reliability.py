@@ -710,8 +710,12 @@ def check_disconnect(app: App, max_tokens: int = 2000, log=print) -> dict:
     generated = st["generation_tokens"] - before["generation_tokens"]
     if generated >= max_tokens:
         problems.append(f"the request ran to the end ({generated} tokens): not aborted")
+    # The abort counter is current in the replica's next push, the draft-context gauge one push later (it is read
+    # from the actor asynchronously): wait for both, so a push between them is not mistaken for a leak.
     samples = wait_scrape(app, lambda s: metric(s, "dspark:request_success_total", finished_reason="abort")
-                          > aborts_before, 15, "the abort counted in dspark:request_success_total{finished_reason=abort}")
+                          > aborts_before and not any(leak_gauges(s).values()), 15,
+                          "the abort counted in dspark:request_success_total{finished_reason=abort} and the leak "
+                          "gauges (KV blocks, draft contexts, queue) back to 0")
     leaks = leak_gauges(samples)
     return {"freed_after_close_s": freed_s, "engine_steps_after_start": steps, "tokens_generated": generated,
             "max_tokens": max_tokens, "leaks": leaks, "problems": problems}

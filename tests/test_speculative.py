@@ -15,7 +15,7 @@ from draft_service.model import DSparkDrafter
 from draft_service.train import TrainConfig, train
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine import rejection_sampler
-from engine.spec_controller import Curve, StepCostModel
+from engine.spec_controller import Curve, DraftGate, StepCostModel
 from tests.conftest import make_tiny_model
 
 TAPS = [0, 2]
@@ -86,10 +86,12 @@ def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, mode):
     spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation=mode))
     assert spec.speculator is not None, spec.drafter_error
     if mode == "adaptive":
-        # This tiny target's forward is cheaper than a draft round, so adaptive rightly declines to draft; give it
-        # the cost curve of a big target (fixed: alpha 0) so the adaptive path verifies drafts here.
+        # This tiny target's forward is cheaper than a draft round, so adaptive rightly declines to draft (its gate
+        # measures plain steps). Keep the gate open and give the controller the cost curve of a big target (fixed:
+        # alpha 0), so the adaptive path verifies drafts here.
         spec.speculator.cost = StepCostModel(Curve([1, 512], [0.05, 0.06], alpha=0.0),
                                              Curve([1, 64], [0.001, 0.002], alpha=0.0))
+        spec.speculator.gate = DraftGate(min_evidence=10**9)
     prompts = random_prompts(16, seed=1)
     params = [SamplingParams(max_tokens=24 + (i % 3) * 7, ignore_eos=bool(i % 2)) for i in range(len(prompts))]
     want = [o.token_ids for o in run(plain, prompts, params)]
