@@ -653,6 +653,8 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
         problems.append("dspark:draft_fallbacks_total did not count the fallback")
 
     want = plain_reference(target, [r["prompt"] for r in results], [r["max_tokens"] for r in results])
+    for r in results:
+        r["spec_steps"] = ((r["metrics"] or {}).get("speculative_decoding") or {}).get("num_spec_steps", 0)
     spanned_kill, rebuilt = 0, 0
     for r, w in zip(results, want):
         if r["outcome"] != "completed":
@@ -664,16 +666,14 @@ def check_draft_actor_kill(app: App, target: Path, max_tokens: int = 700, concur
             spanned_kill += 1
         # Started after the kill, producing tokens while drafting was off, and speculated (so after the restart):
         # its draft context was built from the engine's taps of tokens computed before the actor came back.
-        steps = ((r["metrics"] or {}).get("speculative_decoding") or {}).get("num_spec_steps", 0)
         if ("fallback" in events and "resumed" in events and events["killed"] < r["start"]
-                and r["start"] + (r["ttft_s"] or 0) < events.get("last_not_resumed", 0) and steps > 0):
+                and r["start"] + (r["ttft_s"] or 0) < events.get("last_not_resumed", 0) and r["spec_steps"] > 0):
             rebuilt += 1
     if not spanned_kill:
         problems.append("no request was in flight when the draft actor was killed")
     if not rebuilt:
         t0 = events.get("killed", 0)
-        timeline = [(round(r["start"] - t0, 2), round(r["end"] - t0, 2), r["max_tokens"],
-                     ((r["metrics"] or {}).get("speculative_decoding") or {}).get("num_spec_steps", 0))
+        timeline = [(round(r["start"] - t0, 2), round(r["end"] - t0, 2), r["max_tokens"], r["spec_steps"])
                     for r in results]
         problems.append("no request that generated during the outage speculated after the restart: "
                         f"events {({k: round(v - t0, 2) for k, v in events.items() if isinstance(v, float)})}, "

@@ -50,9 +50,7 @@ def main() -> None:
                 print(f"sample() {name:16s} rows {n:2d} {'seeded' if seeded else 'unseeded':8s} {ms:7.1f} ms",
                       flush=True)
 
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from spec_decode import run_cell
+    from spec_decode import run_cell  # run as a script, bench/ is on the path
 
     from draft_service.prompts import load_prompts
 

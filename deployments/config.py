@@ -144,7 +144,7 @@ class LLMServingConfig(BaseModel):
         100.0, ge=0, le=1000, description="a streamed request's deltas are sent at most this often (merged in "
         "between; the first and the last at once). Each delta is a message per hop (replica -> ingress -> proxy), "
         "and the replica's share of that work slows its engine thread: at 16 streams on 2 CPU cores, one message "
-        "per step made steps 1.6x slower than in process. 0: one message per engine step")
+        "per step made steps 1.7x slower than in process. 0: one message per engine step")
     # Serve deployment options.
     llm: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(max_queued_requests=1024))
     draft_actor: DraftActorOptions = Field(default_factory=DraftActorOptions)

@@ -19,9 +19,8 @@ import logging
 import os
 import time
 import uuid
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch

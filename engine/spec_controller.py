@@ -247,7 +247,7 @@ class DraftGate:
         """Steps between probes (closed) or control steps (open): a probe loses 1/score - 1 of a plain step, a
         control step 1 - 1/score of a drafted one."""
         score = self.score(num_decoding)
-        loss = 0.0 if score is None else abs(1.0 / score - 1.0) if score < 1.0 else 1.0 - 1.0 / score
+        loss = 0.0 if score is None else abs(1.0 / score - 1.0)
         return int(min(self.max_probe_every, max(self.probe_every, loss / self.probe_overhead)))
 
     def steps_until_probe(self, num_decoding: int) -> int:
