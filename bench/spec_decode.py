@@ -6,7 +6,8 @@ Mixes: `in_domain` = held-out chat prompts, greedy; `hard` = the out-of-domain p
 temperature 1.0. Every request generates exactly --new-tokens tokens (ignore_eos), so sampled answers of different
 lengths do not skew the cells. One engine per mix; the mode is set per request, and modes are interleaved within
 each concurrency so they see the same machine state; the whole sweep is repeated --repeats times and each cell
-reports its median round (this machine is shared and noisy). Metrics per cell: output tokens/s (all tokens of the
+reports its median round (this machine is shared and noisy). `adaptive` runs next to `off`, the order flips every
+round, and `paired` gives the median over rounds of each round's adaptive / off and adaptive / best fixed ratios. Metrics per cell: output tokens/s (all tokens of the
 batch over its wall time, prefill included), mean per-request TPOT, mean verify length, and tokens per speculative
 step.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -89,7 +91,10 @@ def main() -> None:
         rounds: dict[str, list[dict]] = {}
         for rep in range(args.repeats):
             for conc in concs:
-                for mode in MODES:
+                # adaptive runs right beside off, and the order flips every round (ABBA), so that the paired
+                # per-round ratios below compare cells a few seconds apart on this drifting machine
+                order = ["off", "adaptive"] + [m for m in MODES if m not in ("off", "adaptive")]
+                for mode in order if rep % 2 == 0 else order[::-1]:
                     res = run_cell(engine, prompts[:conc], mode, temperature, n_new, seed=conc)
                     rounds.setdefault(f"{mode}@{conc}", []).append(res)
                     print(f"{mix:9s} round {rep} conc {conc:3d} {mode:14s} {res['tok_s']:7.1f} tok/s  "
@@ -100,7 +105,15 @@ def main() -> None:
             cells[key] = dict(sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2])  # the median round
             cells[key]["tok_s_rounds"] = [r["tok_s"] for r in runs]
             cells[key]["verify_per_seq_step"] = sum(r["verify_per_seq_step"] for r in runs) / len(runs)
-        report["mixes"][mix] = {"temperature": temperature, "prompts": split, "cells": cells,
+        paired = {}
+        for conc in concs:
+            per_round = [{m: rounds[f"{m}@{conc}"][i]["tok_s"] for m in MODES} for i in range(args.repeats)]
+            vs_off = [r["adaptive"] / r["off"] for r in per_round]
+            vs_fixed = [r["adaptive"] / max(r[m] for m in MODES if m.startswith("fixed:")) for r in per_round]
+            paired[str(conc)] = {"adaptive_vs_off": statistics.median(vs_off), "adaptive_vs_off_rounds": vs_off,
+                                 "adaptive_vs_best_fixed": statistics.median(vs_fixed),
+                                 "adaptive_vs_best_fixed_rounds": vs_fixed}
+        report["mixes"][mix] = {"temperature": temperature, "prompts": split, "cells": cells, "paired": paired,
                                 "sps_table": engine.speculator.cost.table()}
     RESULTS.mkdir(exist_ok=True)
     name = "spec_decode" + ("_quick" if args.quick else "")
@@ -146,17 +159,19 @@ def plot(report: dict, concs: list[int], path: Path) -> None:
 
 
 def print_table(report: dict, concs: list[int]) -> None:
+    """The README's tables: median-round tokens/s (mean TPOT ms) per cell, then the paired ratios."""
     for mix, data in report["mixes"].items():
-        cells = data["cells"]
-        print(f"\n{mix} (T={data['temperature']}): tokens/s (x off) / mean verify length")
-        print("| mode | " + " | ".join(f"conc {c}" for c in concs) + " |")
-        print("|---|" + "---|" * len(concs))
-        for mode in MODES:
-            row = []
-            for c in concs:
-                r, off = cells[f"{mode}@{c}"], cells[f"off@{c}"]
-                row.append(f"{r['tok_s']:.0f} ({r['tok_s'] / off['tok_s']:.2f}x) / {r['verify_per_seq_step']:.2f}")
-            print(f"| {mode} | " + " | ".join(row) + " |")
+        cells, paired = data["cells"], data["paired"]
+        print(f"\n**{mix}** (T={data['temperature']}): output tokens/s (mean TPOT ms), median of {report['repeats']} "
+              "rounds; last columns: adaptive / best fixed and adaptive / off (medians of the per-round ratios), "
+              "adaptive's verify length per sequence-step\n")
+        print("| conc | " + " | ".join(MODES) + " | adaptive/best fixed | adaptive/off | verify len |")
+        print("|---" * (len(MODES) + 4) + "|")
+        for c in concs:
+            row = [f"{cells[f'{m}@{c}']['tok_s']:.0f} ({cells[f'{m}@{c}']['tpot_ms']:.0f})" for m in MODES]
+            p = paired[str(c)]
+            print(f"| {c} | " + " | ".join(row) + f" | {p['adaptive_vs_best_fixed']:.2f} | "
+                  f"{p['adaptive_vs_off']:.2f} | {cells[f'adaptive@{c}']['verify_per_seq_step']:.2f} |")
 
 
 if __name__ == "__main__":

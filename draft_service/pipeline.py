@@ -39,7 +39,7 @@ def parse_temperatures(text: str) -> list[tuple[float, float]]:
 def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: str,
                   temperatures: list[tuple[float, float]],
                   max_tokens: int, tap_layers: list[int], tc: TrainConfig, release_dtype=torch.bfloat16,
-                  max_prompts: int | None = None, gen_threads: int | None = None) -> Path:
+                  max_prompts: int | None = None, gen_threads: int | None = None, cache: Path | None = None) -> Path:
     """Generate (or reuse) the caches, train (or resume), calibrate, and write out/drafter. Returns that folder."""
     from transformers import AutoModelForCausalLM
 
@@ -47,7 +47,8 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
     from engine.loader import resolve_model
 
     out = Path(out)
-    caches = {"train": out / "cache" / "train", "heldout": out / "cache" / "heldout"}
+    cache = Path(cache) if cache else out / "cache"
+    caches = {"train": cache / "train", "heldout": cache / "heldout"}
     jobs = {"train": (load_prompt_file(prompts), temperatures), "heldout": (load_prompt_file(eval_prompts), [(0.0, 1.0)])}
     engine = None
     threads = torch.get_num_threads()

@@ -43,6 +43,7 @@ class TrainConfig:
     eval_every: int = 250
     checkpoint_every: int = 250
     init_from_target_layer: int | None = -1  # copy this target layer into the draft layers (None: random)
+    init_from: str | None = None  # warm start: a trained drafter folder; layers beyond its own start as identities
     mask_token_id: int | None = None
     extra: dict = field(default_factory=dict)
 
@@ -81,6 +82,26 @@ def build_drafter(target, tc: TrainConfig, tap_layers: list[int], draft_vocab: t
             model.norm.weight.copy_(target.model.norm.weight)
     model.embed_tokens.weight.requires_grad_(False)
     model.lm_head.weight.requires_grad_(False)
+    return model
+
+
+@torch.no_grad()
+def warm_start(model: DSparkDrafter, base: DSparkDrafter) -> DSparkDrafter:
+    """Load a trained drafter into `model` (same config but more layers). The extra layers go on top with zero output
+    projections, so they start as identities: the grown model computes exactly what `base` does, and training
+    can only move it from there."""
+    n = base.config.num_hidden_layers
+    if n > model.config.num_hidden_layers:
+        raise ValueError(f"cannot warm-start {model.config.num_hidden_layers} layers from a {n}-layer drafter")
+    for key in ("target_layer_ids", "block_size", "markov_rank", "draft_vocab_size", "hidden_size", "mask_token_id"):
+        if getattr(base.config, key) != getattr(model.config, key):
+            raise ValueError(f"warm start: {key} differs ({getattr(base.config, key)} vs {getattr(model.config, key)})")
+    state = {k: v.float() if v.is_floating_point() else v for k, v in base.state_dict().items()
+             if k not in ("embed_tokens.weight", "lm_head.weight")}
+    model.load_state_dict(state, strict=False)
+    for layer in model.layers[n:]:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
     return model
 
 
@@ -247,9 +268,19 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
         log(f"resuming from step {state['step']}")
     else:
         state = None
+    base = None
+    if state is None and tc.init_from:
+        base = DSparkDrafter.from_pretrained(tc.init_from, target_embed=target.get_input_embeddings().weight,
+                                             target_lm_head=target.get_output_embeddings().weight,
+                                             dtype=torch.float32)
+        draft_vocab = base.draft_vocab if base.draft_vocab is not None else torch.arange(base.config.vocab_size)
+        log(f"warm start from {tc.init_from} ({base.config.num_hidden_layers} layers)")
+    elif state is None:
         draft_vocab, coverage = choose_draft_vocab(train_cache, tc.draft_vocab_size, eos_ids)
         log(f"draft vocabulary: {len(draft_vocab)} tokens cover {coverage:.2%} of the target's greedy tokens")
     model = build_drafter(target, tc, tap_layers, draft_vocab)
+    if base is not None:
+        warm_start(model, base)
     to_local = local_index(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.95))

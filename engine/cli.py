@@ -58,12 +58,13 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     tc = TrainConfig(layers=args.layers, markov_rank=args.markov_rank, gamma=args.gamma,
                      draft_vocab_size=args.draft_vocab, anchors_per_sample=args.anchors,
                      samples_per_step=args.samples_per_step, steps=args.steps, lr=args.lr, seed=args.seed,
-                     mask_token_id=args.mask_token_id)
+                     mask_token_id=args.mask_token_id, init_from=args.init_from)
     taps = [int(t) for t in args.taps.split(",")] if args.taps else DEFAULT_TAPS
     temps = parse_temperatures(args.temperatures)
     final = train_drafter(Path(args.out), model=args.model, prompts=args.prompts, eval_prompts=args.eval_prompts,
                           temperatures=temps, max_tokens=args.max_tokens, tap_layers=taps, tc=tc,
-                          max_prompts=args.max_prompts, gen_threads=args.gen_threads)
+                          max_prompts=args.max_prompts, gen_threads=args.gen_threads,
+                          cache=Path(args.cache) if args.cache else None)
     print(f"drafter written to {final}")
     return 0
 
@@ -176,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--lr", type=float, default=6e-4)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--mask-token-id", type=int, default=16, help="an id the target never emits (<empty_output>)")
+    tr.add_argument("--init-from", default=None,
+                    help="warm start from this drafter folder; extra --layers start as identities on top")
+    tr.add_argument("--cache", default=None, help="caches of the target's answers (default: OUT/cache; reused)")
     tr.set_defaults(func=cmd_train_drafter)
 
     cal = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a drafter's confidences")

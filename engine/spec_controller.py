@@ -30,19 +30,36 @@ class Candidate:
     cap: int  # most drafts it may verify (tokens left, latency target)
 
 
+def isotonic(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators)."""
+    pools: list[list[float]] = []  # [sum, count] of each run of pooled values
+    for v in values:
+        pools.append([v, 1])
+        while len(pools) > 1 and pools[-2][0] * pools[-1][1] > pools[-1][0] * pools[-2][1]:
+            total, n = pools.pop()
+            pools[-1][0] += total
+            pools[-1][1] += n
+    return [total / n for total, n in pools for _ in range(int(n))]
+
+
 @dataclass
 class Curve:
     """Seconds as a piecewise-linear function of a size, on a grid, kept current by measurements: each one corrects
     the two nearest grid points by its error against the curve, shared by their interpolation weights (so a step of
-    100 tokens does not drag the point at 64 towards its own, longer, time). Beyond the grid it extrapolates
-    linearly."""
+    100 tokens does not drag the point at 64 towards its own, longer, time). Reads go through the least-squares
+    non-decreasing fit of the points: more work never takes less time, and a noisy point below its left neighbour
+    (a forward of 2 tokens measured faster than one of 1) would otherwise make the next token look free. Beyond the
+    grid it extrapolates linearly."""
 
     grid: list[int]
     seconds: list[float]
     alpha: float = 0.1
 
-    def at(self, x: float) -> float:
-        g, s = self.grid, self.seconds
+    def __post_init__(self) -> None:
+        self.fitted = isotonic(self.seconds)
+
+    @staticmethod
+    def _interpolate(g: list[int], s: list[float], x: float) -> float:
         if x <= g[0]:
             return s[0]
         if x >= g[-1]:
@@ -51,9 +68,12 @@ class Curve:
         w = (x - g[i]) / (g[i + 1] - g[i])
         return s[i] + w * (s[i + 1] - s[i])
 
+    def at(self, x: float) -> float:
+        return self._interpolate(self.grid, self.fitted, x)
+
     def observe(self, x: float, seconds: float) -> None:
         g = self.grid
-        error = seconds - self.at(x)
+        error = seconds - self._interpolate(g, self.seconds, x)  # against the raw points, which converge to the data
         if x <= g[0]:
             points = [(0, 1.0)]
         elif x >= g[-1]:
@@ -64,6 +84,7 @@ class Curve:
             points = [(i, 1.0 - w), (i + 1, w)]
         for i, weight in points:
             self.seconds[i] += self.alpha * weight * error
+        self.fitted = isotonic(self.seconds)
 
 
 @dataclass
@@ -84,7 +105,7 @@ class StepCostModel:
 
     def table(self) -> dict[int, float]:
         """SPS(B) at the grid points, for metrics."""
-        return {b: 1.0 / s for b, s in zip(self.forward.grid, self.forward.seconds)}
+        return {b: 1.0 / s for b, s in zip(self.forward.grid, self.forward.fitted)}
 
 
 @dataclass

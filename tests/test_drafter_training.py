@@ -85,6 +85,36 @@ def test_training_lowers_loss_and_resumes_exactly(tiny_caches):
     assert any(not torch.equal(a, b) for a, b in zip(cut.state_dict().values(), resumed.state_dict().values()))
 
 
+def test_warm_start_grows_layers_without_changing_the_drafter_then_trains_on(tiny_caches):
+    from transformers import AutoModelForCausalLM
+
+    from draft_service.model import DSparkDrafter
+    from draft_service.train import warm_start
+
+    model_dir, cache, heldout, folder = tiny_caches
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tc = TrainConfig(steps=40, samples_per_step=4, anchors_per_sample=8, draft_vocab_size=1024, lr=5e-3,
+                     eval_every=40, checkpoint_every=40, mask_token_id=3)
+    small = train(target, cache, heldout, folder / "one-layer", tc, TAPS, [2], log=lambda *_: None)
+    saved = folder / "one-layer" / "drafter"
+    base = DSparkDrafter.from_pretrained(saved, target_embed=target.get_input_embeddings().weight,
+                                         target_lm_head=target.get_output_embeddings().weight, dtype=torch.float32)
+    grown_tc = TrainConfig(**{**tc.__dict__, "layers": 2, "steps": 30, "init_from": str(saved)})
+    grown = warm_start(build_drafter(target, grown_tc, TAPS, base.draft_vocab), base)
+    assert len(grown.layers) == 2
+    b = make_batch(cache, cache.samples[5], 8, grown.gamma, local_index(grown), random.Random(1))
+    with torch.no_grad():
+        _, want, want_c = forward_blocks(small, b)
+        _, got, got_c = forward_blocks(grown, b)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # the extra layer starts as an identity
+    torch.testing.assert_close(got_c, want_c, rtol=0, atol=1e-5)
+    trained = train(target, cache, heldout, folder / "two-layer", grown_tc, TAPS, [2], log=lambda *_: None)
+    assert len(trained.layers) == 2 and trained.layers[1].mlp.down_proj.weight.abs().sum() > 0
+    assert fixed_loss(trained, cache) < fixed_loss(small, cache)
+    with pytest.raises(ValueError, match="cannot warm-start"):
+        warm_start(build_drafter(target, tc, TAPS, base.draft_vocab), trained)
+
+
 def test_sts_recovers_temperature_lowers_ece_and_keeps_order():
     rng = np.random.default_rng(0)
     N, G, true_t = 20000, 5, np.array([2.0, 0.5, 3.0, 1.0, 1.5])
