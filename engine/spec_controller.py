@@ -44,16 +44,22 @@ def isotonic(values: list[float]) -> list[float]:
 
 @dataclass
 class Curve:
-    """Seconds as a piecewise-linear function of a size, on a grid, kept current by measurements: each one corrects
-    the two nearest grid points by its error against the curve, shared by their interpolation weights (so a step of
-    100 tokens does not drag the point at 64 towards its own, longer, time). Reads go through the least-squares
+    """Seconds as a function of a size: a shape on a grid (piecewise linear, extrapolated linearly beyond it) times
+    a speed factor, both kept current by measurements.
+
+    The factor follows the machine: every measurement moves it by `alpha` of its relative error, so a machine that
+    slows down (this shared CPU swings 2x within minutes) scales every point at once. The remaining error corrects
+    the two nearest grid points, shared by their interpolation weights (so a step of 100 tokens does not drag the
+    point at 64 towards its own, longer, time). Without the factor, the points seen often (1 token at concurrency 1)
+    track the machine while the rest keep the speed of whenever they were last seen, and the curve's slope, which is
+    what Algorithm 1 weighs, becomes a record of the machine's mood. Reads go through the least-squares
     non-decreasing fit of the points: more work never takes less time, and a noisy point below its left neighbour
-    (a forward of 2 tokens measured faster than one of 1) would otherwise make the next token look free. Beyond the
-    grid it extrapolates linearly."""
+    would make the next token look free."""
 
     grid: list[int]
     seconds: list[float]
     alpha: float = 0.1
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.fitted = isotonic(self.seconds)
@@ -69,11 +75,14 @@ class Curve:
         return s[i] + w * (s[i + 1] - s[i])
 
     def at(self, x: float) -> float:
-        return self._interpolate(self.grid, self.fitted, x)
+        return self.scale * self._interpolate(self.grid, self.fitted, x)
 
     def observe(self, x: float, seconds: float) -> None:
         g = self.grid
-        error = seconds - self._interpolate(g, self.seconds, x)  # against the raw points, which converge to the data
+        shape = self._interpolate(g, self.seconds, x)  # the raw points, which converge to the data
+        if shape > 0:
+            self.scale *= 1.0 + self.alpha * (seconds / (self.scale * shape) - 1.0)
+        error = (seconds / self.scale - shape) / 4  # the shape moves slower: most of a change is the machine's
         if x <= g[0]:
             points = [(0, 1.0)]
         elif x >= g[-1]:
@@ -105,7 +114,7 @@ class StepCostModel:
 
     def table(self) -> dict[int, float]:
         """SPS(B) at the grid points, for metrics."""
-        return {b: 1.0 / s for b, s in zip(self.forward.grid, self.forward.fitted)}
+        return {b: 1.0 / self.forward.at(b) for b in self.forward.grid}
 
 
 @dataclass

@@ -224,13 +224,13 @@ def test_step_cost_model_tracks_measurements():
     for _ in range(30):
         curve.observe(16, 0.04)
     assert curve.at(16) == pytest.approx(0.04, rel=1e-3)
-    assert curve.at(8) == pytest.approx(0.02 + (0.04 - 0.02) * 7 / 15, rel=1e-3)
-    assert curve.at(128) == pytest.approx(0.1)
+    assert curve.at(1) < curve.at(8) < curve.at(16) < curve.at(64)
+    assert curve.at(128) == pytest.approx(2 * curve.at(64))
     # Steps between grid points correct the curve where they land (moving each neighbour towards the observed time
     # instead left the curve 18% high at 40 tokens here).
     truth = lambda b: 0.02 + 0.001 * b  # noqa: E731
     line = Curve([1, 16, 64, 128], [truth(1), truth(16), 0.5 * truth(64), truth(128)], alpha=0.2)
-    for _ in range(300):
+    for _ in range(1000):
         for b in (8, 40, 100, 120):
             line.observe(b, truth(b))
     for b in (8, 40, 100, 120):
@@ -238,6 +238,22 @@ def test_step_cost_model_tracks_measurements():
     cost = StepCostModel(curve, Curve([1, 64], [0.004, 0.010]))
     assert cost.step_seconds(16, 0) == pytest.approx(0.04, rel=1e-3)
     assert cost.step_seconds(16, 64) == pytest.approx(0.05, rel=1e-3)
+
+
+def test_curve_follows_the_machine_speed_at_every_point():
+    """The machine slows down 2x while only 1-token steps run (concurrency 1, nothing verified): the points not
+    seen slow down with it, so the curve's slope, which Algorithm 1 weighs, keeps its shape."""
+    grid, base = [1, 2, 4, 8, 16, 64], [0.020, 0.021, 0.022, 0.024, 0.030, 0.050]
+    curve = Curve(grid, list(base))
+    for _ in range(50):
+        curve.observe(1, 0.040)
+    assert curve.at(1) == pytest.approx(0.040, rel=0.05)
+    for x, b in zip(grid[1:], base[1:]):
+        assert 1.7 < curve.at(x) / b <= 2.0, (x, curve.at(x) / b)
+    # 7 more tokens cost 20% more in truth. Points that kept their old speed would read 8 tokens as cheaper than 1
+    # (flattened to a free ride by the monotone fit); with the factor most of the slope remains.
+    slope = (curve.at(8) - curve.at(1)) / curve.at(1)
+    assert 0.08 < slope <= 0.2, slope
 
 
 def test_isotonic_matches_brute_force_least_squares():
