@@ -133,11 +133,15 @@ def plot(report: dict, concs: list[int], path: Path) -> None:
     for ax, mix in zip(axes, mixes):
         cells = report["mixes"][mix]["cells"]
         off = [cells[f"off@{c}"]["tok_s"] for c in concs]
+        paired = report["mixes"][mix].get("paired")
         for mode in MODES:
             ys = [cells[f"{mode}@{c}"]["tok_s"] / o for c, o in zip(concs, off)]
-            ax.plot(concs, ys, marker="o", lw=2.5 if mode == "adaptive" else 1, label=mode,
+            label = mode
+            if mode == "adaptive" and paired:  # as the table: the median of its per-round ratios to the off beside it
+                ys, label = [paired[str(c)]["adaptive_vs_off"] for c in concs], "adaptive (paired)"
+            ax.plot(concs, ys, marker="o", lw=2.5 if mode == "adaptive" else 1, label=label,
                     color="black" if mode == "adaptive" else None)
-        ax.set_title(f"{mix}: throughput relative to off")
+        ax.set_title(f"{mix}: throughput relative to off (median cells)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(concs, [str(c) for c in concs])
         ax.set_xlabel("concurrency")
