@@ -7,9 +7,9 @@ temperature 1.0. Every request generates exactly --new-tokens tokens (ignore_eos
 lengths do not skew the cells. One engine per mix; the mode is set per request, and modes are interleaved within
 each concurrency so they see the same machine state; the whole sweep is repeated --repeats times and each cell
 reports its median round (this machine is shared and noisy). `adaptive` runs next to `off`, the order flips every
-round, and `paired` gives the median over rounds of each round's adaptive / off and adaptive / best fixed ratios. Metrics per cell: output tokens/s (all tokens of the
-batch over its wall time, prefill included), mean per-request TPOT, mean verify length, and tokens per speculative
-step.
+round, and `paired` gives the median over rounds of each round's adaptive / off and adaptive / best fixed ratios.
+Metrics per cell: output tokens/s (all tokens of the batch over its wall time, prefill included), mean per-request
+TPOT, mean verify length, and tokens per speculative step.
 
     .venv/bin/python bench/spec_decode.py           # writes bench/results/spec_decode.{json,png}
     .venv/bin/python bench/spec_decode.py --quick   # concurrency 1 and 4, 32 new tokens

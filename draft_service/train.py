@@ -96,9 +96,8 @@ def warm_start(model: DSparkDrafter, base: DSparkDrafter) -> DSparkDrafter:
     for key in ("target_layer_ids", "block_size", "markov_rank", "draft_vocab_size", "hidden_size", "mask_token_id"):
         if getattr(base.config, key) != getattr(model.config, key):
             raise ValueError(f"warm start: {key} differs ({getattr(base.config, key)} vs {getattr(model.config, key)})")
-    state = {k: v.float() if v.is_floating_point() else v for k, v in base.state_dict().items()
-             if k not in ("embed_tokens.weight", "lm_head.weight")}
-    model.load_state_dict(state, strict=False)
+    state = {k: v for k, v in base.state_dict().items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    model.load_state_dict(state, strict=False)  # copies cast to the model's dtype
     for layer in model.layers[n:]:
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
@@ -261,21 +260,18 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
+    state, base = None, None
     if ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         tc = TrainConfig(**state["train_config"])
         draft_vocab = state["draft_vocab"]
         log(f"resuming from step {state['step']}")
-    else:
-        state = None
-    base = None
-    if state is None and tc.init_from:
+    elif tc.init_from:
         base = DSparkDrafter.from_pretrained(tc.init_from, target_embed=target.get_input_embeddings().weight,
-                                             target_lm_head=target.get_output_embeddings().weight,
-                                             dtype=torch.float32)
+                                             target_lm_head=target.get_output_embeddings().weight)
         draft_vocab = base.draft_vocab if base.draft_vocab is not None else torch.arange(base.config.vocab_size)
         log(f"warm start from {tc.init_from} ({base.config.num_hidden_layers} layers)")
-    elif state is None:
+    else:
         draft_vocab, coverage = choose_draft_vocab(train_cache, tc.draft_vocab_size, eos_ids)
         log(f"draft vocabulary: {len(draft_vocab)} tokens cover {coverage:.2%} of the target's greedy tokens")
     model = build_drafter(target, tc, tap_layers, draft_vocab)

@@ -1,6 +1,7 @@
 """Drafter training and calibration, on a tiny random target (never the real drafter: that is trained offline)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -99,7 +100,7 @@ def test_warm_start_grows_layers_without_changing_the_drafter_then_trains_on(tin
     saved = folder / "one-layer" / "drafter"
     base = DSparkDrafter.from_pretrained(saved, target_embed=target.get_input_embeddings().weight,
                                          target_lm_head=target.get_output_embeddings().weight, dtype=torch.float32)
-    grown_tc = TrainConfig(**{**tc.__dict__, "layers": 2, "steps": 30, "init_from": str(saved)})
+    grown_tc = dataclasses.replace(tc, layers=2, steps=30, init_from=str(saved))
     grown = warm_start(build_drafter(target, grown_tc, TAPS, base.draft_vocab), base)
     assert len(grown.layers) == 2
     b = make_batch(cache, cache.samples[5], 8, grown.gamma, local_index(grown), random.Random(1))
