@@ -14,7 +14,8 @@ Metrics per level (vLLM's benchmark definitions):
     goodput     requests / s meeting the SLO: TTFT < 2 s and TPOT < 200 ms (--slo-ttft-s, --slo-tpot-ms)
 HTTP vs in-process: the same prompts and params through LLMEngine (same engine config, in-process drafter), one at a
 time (latency) and all at once (throughput), and whether greedy texts match. Actor vs in-process drafter: the cost of
-one draft round (sync one new tap row per sequence + propose) for B sequences, in-process and through the actor.
+one draft round (sync one new tap row per sequence + propose) for B sequences, in-process, through the actor's
+channel, and through a plain Ray actor call; each pair computes on the same core.
 
     .venv/bin/python bench/serve_bench.py            # starts a local Ray and the app on a free loopback port
     .venv/bin/python bench/serve_bench.py --url http://127.0.0.1:8000   # a running `dspark serve` (same --model)
@@ -187,56 +188,100 @@ def random_drafter(target_dir: Path, out: Path) -> Path:
 # ----- HTTP vs in-process ---------------------------------------------------------------------------------------
 
 
-def in_process(engine_cfg, prompts: list, max_tokens: int, mode: str) -> dict:
-    """The same requests through LLMEngine: one at a time (latency), then all at once (throughput)."""
-    from engine import LLMEngine, SamplingParams
+class InProcess:
+    """The same requests through LLMEngine in this process (same engine config, in-process drafter)."""
 
-    engine = LLMEngine(engine_cfg)
-    tok = engine.tokenizer
-    ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-           for m in prompts]
-    params = SamplingParams(max_tokens=max_tokens, speculation=mode)
+    def __init__(self, engine_cfg, prompts: list, max_tokens: int, mode: str):
+        from engine import LLMEngine, SamplingParams
 
-    def run(batch):
+        self.engine = LLMEngine(engine_cfg)
+        tok = self.engine.tokenizer
+        self.ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]) for m in prompts]
+        self.params = SamplingParams(max_tokens=max_tokens, speculation=mode)
+
+    def run(self, batch: list[tuple[int, list[int]]]) -> list:
         for i, p in batch:
-            engine.add_request(f"b{i}-{time.monotonic_ns()}", p, params)
+            self.engine.add_request(f"b{i}-{time.monotonic_ns()}", p, self.params)
         outs = []
-        while engine.has_unfinished_requests():
-            outs += [o for o in engine.step() if o.finished]
+        while self.engine.has_unfinished_requests():
+            outs += [o for o in self.engine.step() if o.finished]
         return outs
 
-    sequential, texts = [], []
-    for i, p in enumerate(ids):
-        out = run([(i, p)])[0]
-        sequential.append(out.metrics)
-        texts.append(out.text)
-    t0 = time.perf_counter()
-    outs = run(list(enumerate(ids)))
-    wall = time.perf_counter() - t0
-    return {"e2e_s": statistics.fmean(m["e2e_s"] for m in sequential),
-            "ttft_s": statistics.fmean(m["ttft_s"] for m in sequential),
-            "batch_tok_s": sum(len(o.token_ids) for o in outs) / wall, "texts": texts,
-            "drafter_error": engine.drafter_error, "speculation": engine.speculator is not None}
+    def one_at_a_time(self) -> list:
+        return [self.run([(i, p)])[0] for i, p in enumerate(self.ids)]
+
+    def batch_tok_s(self) -> float:
+        t0 = time.perf_counter()
+        outs = self.run(list(enumerate(self.ids)))
+        return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
 
-def http_vs_in_process(url: str, engine_cfg, prompts: list, max_tokens: int, mode: str) -> dict:
+def http_vs_in_process(url: str, engine_cfg, prompts: list, max_tokens: int, mode: str, rounds: int) -> dict:
+    """Latency one request at a time, then throughput with all prompts at once: HTTP and in-process batches
+    alternate for `rounds` rounds (order flipped every round), and the ratio is the median of the per-round ratios,
+    so that both sides of a ratio ran within seconds of each other on this shared machine."""
+    local = InProcess(engine_cfg, prompts, max_tokens, mode)
     seq = asyncio.run(run_level(url, prompts, 1, len(prompts), max_tokens, mode, 600))
-    batch = asyncio.run(run_level(url, prompts, len(prompts), len(prompts), max_tokens, mode, 600))
-    local = in_process(engine_cfg, prompts, max_tokens, mode)
+    local_seq = local.one_at_a_time()
+    http_tok_s, local_tok_s = [], []
+    for r in range(rounds):
+        for side in (("http", "local") if r % 2 == 0 else ("local", "http")):
+            if side == "http":
+                batch = asyncio.run(run_level(url, prompts, len(prompts), len(prompts), max_tokens, mode, 600))
+                http_tok_s.append(summarize(batch, 1e9, 1e9)["throughput_tok_s"])
+            else:
+                local_tok_s.append(local.batch_tok_s())
     ok = [r for r in seq if "error" not in r]
     http_texts = {r["index"]: r["text"] for r in ok}
+    local_e2e = statistics.fmean(o.metrics["e2e_s"] for o in local_seq)
     return {
-        "mode": mode, "requests": len(prompts),
+        "mode": mode, "requests": len(prompts), "rounds": rounds,
         "http": {"e2e_s": statistics.fmean(r["e2e"] for r in ok), "ttft_s": statistics.fmean(r["ttft"] for r in ok),
-                 "batch_tok_s": summarize(batch, 1e9, 1e9)["throughput_tok_s"]},
-        "in_process": {k: v for k, v in local.items() if k != "texts"},
-        "http_overhead_ms": 1000 * (statistics.fmean(r["e2e"] for r in ok) - local["e2e_s"]),
+                 "batch_tok_s": http_tok_s},
+        "in_process": {"e2e_s": local_e2e, "ttft_s": statistics.fmean(o.metrics["ttft_s"] for o in local_seq),
+                       "batch_tok_s": local_tok_s, "drafter_error": local.engine.drafter_error,
+                       "speculation": local.engine.speculator is not None},
+        "batch_ratio": statistics.median(h / x for h, x in zip(http_tok_s, local_tok_s)),
+        "http_overhead_ms": 1000 * (statistics.fmean(r["e2e"] for r in ok) - local_e2e),
         # Greedy texts should match; bf16 batch effects can flip a near-tie, so this is reported, not asserted.
-        "greedy_text_match": sum(http_texts.get(i) == t for i, t in enumerate(local["texts"])) / len(local["texts"]),
+        "greedy_text_match": sum(http_texts.get(i) == o.text for i, o in enumerate(local_seq)) / len(local_seq),
     }
 
 
 # ----- draft actor vs in-process drafter --------------------------------------------------------------------------
+
+
+def pin_all_threads(cores: set[int]) -> None:
+    """Pins every thread of this process (sched_setaffinity with a thread id pins only that thread)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+class RayCallDrafter:
+    """The draft actor called the way it was before the channel: one Ray actor call per draft round."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def step(self, syncs, work):
+        import ray
+
+        from draft_service.actor import pack_syncs
+
+        return ray.get(self.actor.step.remote(*pack_syncs(syncs), work))[0]
+
+    def release(self, keys):
+        import ray
+
+        ray.get(self.actor.release.remote(keys))
+
+
+def _pin_actor(actor, cores: set[int]) -> None:  # run inside the actor by __ray_call__
+    pin_all_threads(cores)
 
 
 def actor_vs_in_process(target_dir: Path, drafter_dir: Path, dtype_name: str, batches: list[int], reps: int,
@@ -256,30 +301,43 @@ def actor_vs_in_process(target_dir: Path, drafter_dir: Path, dtype_name: str, ba
     actor = start_draft_actor(str(drafter_dir), str(target_dir), dname, "cpu", max_ctx, num_cpus=1)
     remote = DraftServiceProxy(actor)
     width = len(local.tap_layers) * embed.shape[1]
-    out = {"context_tokens": context, "batches": {}}
+    cores = sorted(os.sched_getaffinity(0))
+    out = {"context_tokens": context, "cores": cores, "batches": {}}
     try:
         for b in batches:
-            keys = [f"k{i}" for i in range(b)]
             taps = torch.randn(context + 1, width).to(dtype)
-            row = {}
-            for name, svc in (("in_process", local), ("actor", remote)):
-                svc.step([ContextSync(k, 0, taps[:context]) for k in keys], [])
-                before = remote.stats()
-                times = []
-                for _ in range(reps):  # one engine step: append the new token's taps, propose, roll back
+            services = {"in_process": local, "actor": remote, "ray_call": RayCallDrafter(actor)}
+            keys = {name: [f"{name}{i}" for i in range(b)] for name in services}
+            times = {name: [] for name in services}
+            inside = []  # the actor's own time in its service.step
+            for name, svc in services.items():
+                svc.step([ContextSync(k, 0, taps[:context]) for k in keys[name]], [])
+            for rep in range(reps):  # one engine step: append the new token's taps, propose, roll back
+                # Both drafters compute on the same core (the proxy waits on the other one), alternating cores:
+                # the two vCPUs of this shared machine can differ in speed for minutes at a time.
+                core, other = cores[rep % len(cores)], cores[(rep + 1) % len(cores)]
+                ray.get(actor.__ray_call__.remote(_pin_actor, {core}))
+                order = list(services) if rep % 2 == 0 else list(reversed(services))
+                for name in order:
+                    pin_all_threads({core} if name == "in_process" else {other})
                     t0 = time.perf_counter()
-                    svc.step([ContextSync(k, context, taps[context:]) for k in keys],
-                             [DraftWork(k, 100, context + 1) for k in keys])
-                    times.append(time.perf_counter() - t0)
-                after = remote.stats()
-                svc.release(keys)
-                row[f"{name}_ms"] = 1000 * statistics.median(times)
-            # Inside the actor (mean over the reps): the rest of actor_ms is the Ray round trip and pickling.
-            row["actor_compute_ms"] = 1000 * (after["step_seconds"] - before["step_seconds"]) / max(
-                after["steps"] - before["steps"], 1)
+                    step = services[name].step([ContextSync(k, context, taps[context:]) for k in keys[name]],
+                                               [DraftWork(k, 100, context + 1) for k in keys[name]])
+                    times[name].append(time.perf_counter() - t0)
+                    if name == "actor":
+                        inside.append(step.seconds)
+            pin_all_threads(set(cores))
+            for name, svc in services.items():
+                svc.release(keys[name])
+            row = {f"{name}_ms": 1000 * statistics.median(ts) for name, ts in times.items()}
+            # The rest of actor_ms is the transport: the channel's round trip and (un)packing.
+            row["actor_compute_ms"] = 1000 * statistics.median(inside)
             row["overhead_ms"] = row["actor_ms"] - row["in_process_ms"]
+            row["ratio"] = row["in_process_ms"] / row["actor_ms"]
+            row["ray_call_ratio"] = row["in_process_ms"] / row["ray_call_ms"]
             out["batches"][str(b)] = row
     finally:
+        pin_all_threads(set(cores))
         ray.kill(actor, no_restart=True)
     return out
 
@@ -311,8 +369,10 @@ def plot(result: dict, path: Path) -> None:
     if av:
         bs = sorted(int(b) for b in av)
         x = range(len(bs))
-        ax.bar([i - 0.2 for i in x], [av[str(b)]["in_process_ms"] for b in bs], 0.4, label="in-process drafter")
-        ax.bar([i + 0.2 for i in x], [av[str(b)]["actor_ms"] for b in bs], 0.4, label="draft actor")
+        bars = [("in_process_ms", "in-process drafter"), ("actor_ms", "draft actor (channel)"),
+                ("ray_call_ms", "draft actor (a Ray call per round)")]
+        for j, (key, label) in enumerate(bars):
+            ax.bar([i + 0.27 * (j - 1) for i in x], [av[str(b)].get(key, 0) for b in bs], 0.27, label=label)
         ax.set_xticks(list(x), [str(b) for b in bs])
         ax.set_xlabel("sequences per draft round")
         ax.set_ylabel("ms per draft round")
@@ -398,7 +458,8 @@ def main() -> None:
                       f"  {s['throughput_tok_s']:.1f} tok/s  goodput {s['goodput_req_s']:.2f} req/s"
                       f"  accept len {s['mean_acceptance_length']:.2f}", flush=True)
         k = 4 if q else 16  # the goal is stated at concurrency 16
-        result["http_vs_in_process"] = http_vs_in_process(url, engine_cfg, prompts[:k], max_tokens, "adaptive")
+        result["http_vs_in_process"] = http_vs_in_process(url, engine_cfg, prompts[:k], max_tokens, "adaptive",
+                                                           2 if q else 5)
         print("HTTP vs in-process:", json.dumps(result["http_vs_in_process"]), flush=True)
     finally:
         if stop:

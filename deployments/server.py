@@ -33,22 +33,6 @@ from engine.sampling_params import SamplingParams
 log = logging.getLogger("ray.serve")
 
 
-class ReleasingDraftProxy(DraftServiceProxy):
-    """DraftServiceProxy whose context releases are never dropped.
-
-    The base proxy skips `release` while it re-checks the actor after any failed call. But a failed call does not
-    mean a lost actor: a full context pool (sequences preempted under KV pressure keep their contexts) or a context
-    the actor refuses fails a step while the actor lives on with every context, and the releases skipped in that
-    window leaked those contexts for good (found by tests/test_reliability_faults.py: the pool stayed full and every
-    later draft round failed). Releases are fire and forget and idempotent: an alive actor runs them in order before
-    the next step, a restarting one after its restart (unknown keys are ignored), a dead one never.
-    """
-
-    def release(self, keys: list[str]) -> None:
-        if keys:
-            self.actor.release.remote(list(keys))
-
-
 def _error(exc: BaseException) -> dict:
     if isinstance(exc, QueueFullError):
         return {"error": str(exc), "status": 429}
@@ -135,7 +119,7 @@ class LLMServer:
             draft_context_tokens(target, ec, dtype, device), num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
             max_restarts=opts.max_restarts, num_threads=opts.num_threads, name=self.draft_actor_name,
             placement_group=ray.util.get_current_placement_group(), bundle_index=0)
-        return ReleasingDraftProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
+        return DraftServiceProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
                                    startup_timeout_s=opts.startup_timeout_s)
 
     # ----- requests -------------------------------------------------------------------------------------------

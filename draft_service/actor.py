@@ -3,20 +3,23 @@
 The actor holds one DraftService: the drafter's weights once, plus the draft contexts of all of that replica's
 sequences. It reads the target's embedding and lm_head itself, straight from the target's safetensors (the drafter
 shares them and checkpoints omit them), so the engine never ships weights. The engine gets a `DraftServiceProxy`,
-which looks like a DraftService (gamma, vocab_size, tap_layers, step, release, stats): `step` and `stats` are one
-`ray.get` of one remote call each, so a draft round is one round trip (`release` is sent without waiting). Tensors
-travel as CPU tensors.
+which looks like a DraftService (gamma, vocab_size, tap_layers, step, release, stats). Ray starts, places and
+restarts the actor and answers `info` and `ping`; the per-step calls go over a Unix socket to a thread of the actor
+(draft_service/channel.py), one round trip each, served in order. Tensors travel as CPU tensors.
 
 Failure: a proxy call on a dead actor raises, the Speculator falls back to plain decoding, and Ray restarts the actor
 (max_restarts). The restarted actor has no contexts; the first step that names a context it lost raises (see
 DraftService.step), and the Speculator then rebuilds every context from the engine's taps. While the actor is coming
-back the proxy fails fast instead of blocking the engine thread.
+back the proxy fails fast instead of blocking the engine thread. Releases are never dropped: those made while the
+actor is unreachable go with the next call, unless that call reaches a new incarnation (which holds no contexts).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import pickle
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draft_service.channel import Channel, listen
 from draft_service.service import ContextSync, DraftService, DraftStep, DraftWork
 
 log = logging.getLogger(__name__)
@@ -97,8 +101,8 @@ class Packed:
         return cls(t.view(torch.uint8).numpy(), str(t.dtype).removeprefix("torch."), tuple(t.shape))
 
     def tensor(self) -> torch.Tensor:
-        raw = torch.from_numpy(np.array(self.data))  # a copy: Ray hands buffers out read-only
-        return raw.view(getattr(torch, self.dtype)).reshape(self.shape)
+        data = self.data if self.data.flags.writeable else self.data.copy()  # torch wants writable memory
+        return torch.from_numpy(data).view(getattr(torch, self.dtype)).reshape(self.shape)
 
 
 def pack_syncs(syncs: list[ContextSync]) -> tuple[list[tuple[str, int, int]], Packed | None]:
@@ -136,6 +140,34 @@ class DraftActor:
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new incarnation
         self.num_steps = 0
         self.step_seconds = 0.0
+        self.authkey = os.urandom(16)
+        self.listener, self.address = listen(self.authkey)
+        threading.Thread(target=self._serve, args=(torch.get_num_threads(),), name="draft-channel",
+                         daemon=True).start()
+
+    def _serve(self, num_threads: int) -> None:
+        """One proxy at a time; its calls run here, in order. Ray's own thread only answers info, ping and stats."""
+        torch.set_num_threads(num_threads)
+        while True:
+            try:
+                channel = Channel(self.listener.accept())
+            except Exception as exc:  # e.g. a client with the wrong key
+                log.warning("draft channel: refused a connection: %r", exc)
+                continue
+            try:
+                while True:
+                    op, released, args = channel.recv()
+                    try:
+                        self.release(released)
+                        reply = ("ok", getattr(self, op)(*args) if op in ("step", "stats") else None)
+                    except Exception as exc:
+                        reply = ("error", exc)
+                    try:
+                        channel.send(reply)
+                    except (pickle.PicklingError, TypeError, AttributeError):
+                        channel.send(("error", RuntimeError(repr(reply[1]))))
+            except (EOFError, OSError):
+                channel.close()  # the proxy went away (or gave up on a slow call): wait for the next one
 
     def info(self) -> dict:
         import ray
@@ -146,7 +178,7 @@ class DraftActor:
             "vocab_size": self.service.vocab_size,
             "tap_layers": self.service.tap_layers,
             "draft_vocab": None if vocab is None else vocab.cpu(),
-            "incarnation": self.incarnation,
+            **self.ping(),
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -154,8 +186,9 @@ class DraftActor:
             "dtype": str(self.dtype).removeprefix("torch."),
         }
 
-    def ping(self) -> str:
-        return self.incarnation
+    def ping(self) -> dict:
+        """Where to connect; a restarted actor answers with a new incarnation and address."""
+        return {"incarnation": self.incarnation, "address": self.address, "authkey": self.authkey}
 
     def step(self, syncs: list[tuple[str, int, int]], taps: Packed | None,
              work: list[DraftWork]) -> tuple[DraftStep | None, bool]:
@@ -212,14 +245,22 @@ class DraftServiceProxy:
         self.device = torch.device(device)
         self.timeout_s = timeout_s
         info = ray.get(actor.info.remote(), timeout=startup_timeout_s)  # raises if the actor could not start
-        self.info = {k: v for k, v in info.items() if k != "draft_vocab"}
+        self.info = {k: v for k, v in info.items() if k not in ("draft_vocab", "authkey", "address")}
         self.gamma: int = info["gamma"]
         self.vocab_size: int = info["vocab_size"]
         self.tap_layers: list[int] = list(info["tap_layers"])
         vocab = info["draft_vocab"]
         self._draft_vocab = None if vocab is None else vocab.to(self.device)
         self._pending_ping = None  # set after a failure: the actor is usable again once this resolves
+        self._released: list[str] = []  # not yet delivered to the actor
         self.failures = 0
+        self._connect(info)
+
+    def _connect(self, where: dict) -> None:
+        if where["incarnation"] != self.info["incarnation"]:
+            self._released.clear()  # a new incarnation holds no contexts
+            self.info["incarnation"] = where["incarnation"]
+        self.channel = Channel.connect(where["address"], where["authkey"])
 
     def _ready(self) -> None:
         import ray
@@ -230,7 +271,7 @@ class DraftServiceProxy:
         if not done:
             raise DraftActorUnavailable("the draft actor is restarting")
         try:
-            ray.get(self._pending_ping)
+            self._connect(ray.get(self._pending_ping))
         except Exception as exc:
             self._pending_ping = self._ping()  # dead for good: this fails fast every time
             raise DraftActorUnavailable(f"the draft actor is unavailable: {exc}") from exc
@@ -240,16 +281,21 @@ class DraftServiceProxy:
         # Retried by Ray while the actor restarts, so it resolves once the new incarnation is up.
         return self.actor.ping.options(max_task_retries=-1).remote()
 
-    def _call(self, method: str, *args):
-        import ray
-
+    def _call(self, op: str, *args):
         self._ready()
+        released, self._released = self._released, []
         try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
-        except Exception:
+            self.channel.send((op, released, args))
+            status, value = self.channel.recv(timeout=self.timeout_s)
+        except Exception:  # the actor died, or is too slow: drop the link and re-check the actor first
+            self._released = released + self._released
             self.failures += 1
+            self.channel.close()
             self._pending_ping = self._ping()
             raise
+        if status == "error":  # raised by the service (e.g. a context it lost); the link is fine
+            raise value
+        return value
 
     def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> DraftStep | None:
         step, used_vocab = self._call("step", *pack_syncs(syncs), work)
@@ -262,10 +308,10 @@ class DraftServiceProxy:
         return step
 
     def release(self, keys: list[str]) -> None:
-        # Fire and forget: the actor runs one caller's calls in order, so the next step already sees the release,
-        # and a step does not pay a second round trip when sequences finish. A restarting actor lost them anyway.
-        if self._pending_ping is None:
-            self.actor.release.remote(list(keys))
+        """Frees the contexts now, or, while the actor is unreachable, with the next call that reaches it."""
+        self._released.extend(keys)
+        if self._pending_ping is None and self._released:
+            self._call("release")
 
     def stats(self) -> dict:
         return self._call("stats")

@@ -5,7 +5,8 @@ token), a 512-token vocabulary (cheap draft rounds; prompts are token ids), a ti
 co-located draft actor with `fixed:3` speculation (drafts every step), a small KV cache, fast health checks. One
 module-scoped Ray cluster with two apps, `/` and `/degraded`; the checks run in the order below, the replica kill
 last. The KV-exhaustion check also guards a leak this suite found: draft contexts released while the proxy
-re-checked the actor after a failed draft round were dropped (deployments.server.ReleasingDraftProxy).
+re-checked the actor after a failed draft round were dropped (the proxy now keeps them until a call reaches the
+actor).
 
 - The draft actor is killed mid-generation (ray.kill, Ray restarts it): the in-flight requests fall back to plain
   decoding and finish identical to the unfaulted run; the actor comes back as a new incarnation, requests that
