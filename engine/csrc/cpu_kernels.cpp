@@ -175,9 +175,10 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
 
 // exp for x <= 0 in a form the compiler vectorises (libm's is scalar here): 2^n * p(r) with a degree-7 polynomial,
 // relative error below 2e-7. fp64 keeps std::exp.
-inline float exp_nonpos(float x) {
+__attribute__((always_inline)) inline float exp_nonpos(float x) {
   x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick: std::floor would keep GCC from vectorising the loops this is in.
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - n * 0.693145751953125f - n * 1.42860682030941723e-06f;
   float p = 1.0f / 5040;
   p = p * r + 1.0f / 720;
@@ -193,6 +194,20 @@ inline float exp_nonpos(float x) {
   return p * scale;
 }
 inline double exp_nonpos(double x) { return std::exp(x); }
+
+// dst[i] = src[i] in the accumulation type. bf16 is read as raw bits: GCC does not vectorise loads of the
+// c10::BFloat16 struct.
+template <typename T>
+inline void to_acc(const T* src, acc_t<T>* dst, int64_t n) {
+  _Pragma("omp simd")
+  for (int64_t i = 0; i < n; ++i) dst[i] = ld(src[i]);
+}
+template <>
+inline void to_acc<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+  _Pragma("omp simd")
+  for (int64_t i = 0; i < n; ++i) dst[i] = __builtin_bit_cast(float, static_cast<uint32_t>(raw[i]) << 16);
+}
 
 constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
 
@@ -247,19 +262,26 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
         for (int64_t blk = 0; blk < nblocks; ++blk) {
           const scalar_t* kt = kc + (table[blk] * Hkv + kh) * D * BS;
-          _Pragma("omp simd")
-          for (int64_t e = 0; e < D * BS; ++e) tile[e] = ld(kt[e]);
+          to_acc(kt, tile.data(), D * BS);
           for (int64_t r = 0; r < rows; ++r) {
             const A* qr = qbuf.data() + r * D;
             for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
-              A s[kLanes] = {};
-              for (int64_t d = 0; d < D; ++d) {
-                const A qd = qr[d];
+              // Four partial sums over d (D is a multiple of 16): four independent FMA chains instead of one.
+              A s0[kLanes] = {}, s1[kLanes] = {}, s2[kLanes] = {}, s3[kLanes] = {};
+              for (int64_t d = 0; d < D; d += 4) {
                 const A* kd = tile.data() + d * BS + j0;
+                const A q0 = qr[d], q1 = qr[d + 1], q2 = qr[d + 2], q3 = qr[d + 3];
                 _Pragma("omp simd")
-                for (int64_t j = 0; j < kLanes; ++j) s[j] += qd * kd[j];
+                for (int64_t j = 0; j < kLanes; ++j) {
+                  s0[j] += q0 * kd[j];
+                  s1[j] += q1 * kd[BS + j];
+                  s2[j] += q2 * kd[2 * BS + j];
+                  s3[j] += q3 * kd[3 * BS + j];
+                }
               }
-              std::memcpy(scores.data() + r * Lp + blk * BS + j0, s, sizeof(s));
+              A* dst = scores.data() + r * Lp + blk * BS + j0;
+              _Pragma("omp simd")
+              for (int64_t j = 0; j < kLanes; ++j) dst[j] = (s0[j] + s1[j]) + (s2[j] + s3[j]);
             }
           }
         }
@@ -282,22 +304,44 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         // Output: acc[r] += sum_j p[r, j] V[j], a block of values at a time, 16 dims per register.
         for (int64_t blk = 0; blk < nblocks; ++blk) {
           const scalar_t* vb = vc + (table[blk] * BS * Hkv + kh) * D;
-          for (int64_t j = 0; j < BS; ++j) {
-            _Pragma("omp simd")
-            for (int64_t d = 0; d < D; ++d) tile[j * D + d] = ld(vb[j * Hkv * D + d]);
-          }
+          for (int64_t j = 0; j < BS; ++j) to_acc(vb + j * Hkv * D, tile.data() + j * D, D);
           for (int64_t r = 0; r < rows; ++r) {
             const A* pr = scores.data() + r * Lp + blk * BS;
-            for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-              A a[kLanes];
-              std::memcpy(a, acc.data() + r * D + d0, sizeof(a));
+            A* ar = acc.data() + r * D;
+            // 64 head dims at a time in four register accumulators (four independent FMA chains), keys inner.
+            int64_t d0 = 0;
+            for (; d0 + 4 * kLanes <= D; d0 += 4 * kLanes) {
+              A a0[kLanes], a1[kLanes], a2[kLanes], a3[kLanes];
+              std::memcpy(a0, ar + d0, sizeof(a0));
+              std::memcpy(a1, ar + d0 + kLanes, sizeof(a1));
+              std::memcpy(a2, ar + d0 + 2 * kLanes, sizeof(a2));
+              std::memcpy(a3, ar + d0 + 3 * kLanes, sizeof(a3));
               for (int64_t j = 0; j < BS; ++j) {
                 const A p = pr[j];
                 const A* vj = tile.data() + j * D + d0;
                 _Pragma("omp simd")
-                for (int64_t d = 0; d < kLanes; ++d) a[d] += p * vj[d];
+                for (int64_t l = 0; l < kLanes; ++l) {
+                  a0[l] += p * vj[l];
+                  a1[l] += p * vj[kLanes + l];
+                  a2[l] += p * vj[2 * kLanes + l];
+                  a3[l] += p * vj[3 * kLanes + l];
+                }
               }
-              std::memcpy(acc.data() + r * D + d0, a, sizeof(a));
+              std::memcpy(ar + d0, a0, sizeof(a0));
+              std::memcpy(ar + d0 + kLanes, a1, sizeof(a1));
+              std::memcpy(ar + d0 + 2 * kLanes, a2, sizeof(a2));
+              std::memcpy(ar + d0 + 3 * kLanes, a3, sizeof(a3));
+            }
+            for (; d0 < D; d0 += kLanes) {
+              A a[kLanes];
+              std::memcpy(a, ar + d0, sizeof(a));
+              for (int64_t j = 0; j < BS; ++j) {
+                const A p = pr[j];
+                const A* vj = tile.data() + j * D + d0;
+                _Pragma("omp simd")
+                for (int64_t l = 0; l < kLanes; ++l) a[l] += p * vj[l];
+              }
+              std::memcpy(ar + d0, a, sizeof(a));
             }
           }
         }
@@ -307,6 +351,37 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
             scalar_t* dst = op + (q0 + i) * H * D + (kh * G + g) * D;
             for (int64_t d = 0; d < D; ++d) dst[d] = st<scalar_t>(acc[r * D + d] * inv_sum[r]);
           }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// out[t] = silu(gate[t]) * up[t] for gate_up = [gate | up] of width 2n, rounded where transformers rounds (silu's
+// result to T, then the product). One pass and one allocation instead of eager PyTorch's two ops over strided halves.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t n2 = gate_up.size(-1), n = n2 / 2, rows = gate_up.numel() / n2;
+  TORCH_CHECK(n2 % 2 == 0, "gate_up must have an even last dimension");
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = n;
+  auto out = at::empty(sizes, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = gate_up.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const scalar_t* g = xp + r * n2;
+        const scalar_t* u = g + n;
+        scalar_t* o = op + r * n;
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < n; ++i) {
+          const A v = ld(g[i]);
+          const A t = exp_nonpos(-std::abs(v));  // sigmoid(v) = 1 / (1 + e^-v), from e^-|v| to stay in range
+          const A sig = (v >= A(0) ? A(1) : t) / (A(1) + t);
+          o[i] = st<scalar_t>(ld(st<scalar_t>(v * sig)) * ld(u[i]));
         }
       }
     });
@@ -383,4 +458,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_lowrank_", &add_lowrank_);
   m.def("rope_and_cache", &rope_and_cache);
   m.def("paged_attention", &paged_attention);
+  m.def("silu_mul", &silu_mul);
 }
