@@ -38,10 +38,11 @@ class Channel:
         head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
         large = sum(r.nbytes for r in raws if r.nbytes >= INLINE_BYTES)
-        new_arena = large > (len(self.out_arena) if self.out_arena is not None else 0)
+        capacity = len(self.out_arena) if self.out_arena is not None else 0
+        new_arena = large > capacity
         if new_arena:
             fd = os.memfd_create("dspark-draft-arena")
-            size = max(large, 2 * len(self.out_arena) if self.out_arena is not None else 0)
+            size = max(large, 2 * capacity)
             os.ftruncate(fd, size)
             if self.out_arena is not None:
                 self.out_arena.close()
