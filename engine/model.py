@@ -18,15 +18,21 @@ from engine.ops import Ops
 
 
 class Linear:
-    """y = x W^T + b. On CPU in bf16 the weight is prepacked for oneDNN (about 1.5x faster than F.linear here)."""
+    """y = x W^T + b. On CPU in bf16 and fp32 the weight is prepacked for oneDNN: for the default model's layers,
+    1.2-1.4x faster than F.linear in bf16 and 2.4x in fp32 (F.linear's fp32 path is MKL's sgemm, which is about
+    half as fast on this AMD CPU). fp64 and fp16 keep F.linear."""
+
+    PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
         self.out_features = weight.shape[0]
         self._packed = None
-        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        if (weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
+                and torch.backends.mkldnn.is_available()):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+            self.weight = None  # the packed copy is all that runs; dropping the plain one halves the weights' RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
