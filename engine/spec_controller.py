@@ -219,11 +219,13 @@ def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding
 
 @dataclass
 class _GateState:
-    gain: float = 0.0  # EMA of (tokens emitted) x (seconds a plain step would take, as predicted)
-    cost: float = 0.0  # EMA of (sequences decoding) x (seconds the drafted step took)
+    # Fading sums over the drafted steps (see DraftGate.record):
+    gain: float = 0.0  # (tokens emitted) x (seconds a plain step would take, as predicted)
+    cost: float = 0.0  # (sequences decoding) x (seconds the drafted step took)
+    tokens: float = 0.0  # tokens emitted
+    sequences: float = 0.0  # sequences decoding
     samples: int = 0
     evidence: int = 0  # sequence-steps scored
-    age: int = 0  # steps since the last drafted step
     since_switch: int = 0  # closed: steps skipped since the last probe; open: steps drafted since the last control
     plain_measured: float = 0.0  # EMA of plain steps' seconds ...
     plain_predicted: float = 0.0  # ... and of what the cost curve predicted for them
@@ -240,17 +242,23 @@ class DraftGate:
     positions it trusts. The plain side is the cost curve's prediction, scaled by what plain steps of the same bucket
     measured against their predictions: a curve point fitted from other batch sizes can sit off by more than the
     margin being judged. So both sides are measured: a closed bucket's steps are plain, and an open bucket runs a
-    plain control step now and then. Scores are kept per load bucket (decoding sequences, powers of two), as ratios
-    of EMAs that fade per step, so a probe after a long pause outweighs what was seen before it. A bucket drafts
-    until its score falls to 1 or below; then it drafts only to probe. Probes (closed) and control steps (open) are
-    spaced so that each loses at most `probe_overhead` of the time."""
+    plain control step now and then. Scores are kept per load bucket (decoding sequences, powers of two).
 
-    alpha: float = 0.05  # per step: about the last 20 steps
-    probe_overhead: float = 0.01  # the share of time probes may lose: a clear loss is probed rarely, a tie often
+    A score is a ratio of sums over the drafted steps that fade with every drafted step, the faster the more
+    sequences it carried (`seq_alpha` a sequence, at most `alpha` a step), so it rests on about the last 64 sequence-
+    steps: the tokens one sequence emits in a step vary from 1 to gamma + 1. With a memory of 20 steps whatever their
+    size, a 12% win at one sequence kept swinging across 1 (the gate shut a third of the steps), and with old evidence
+    fading during the pause before a probe, one lucky probe of 4 sequences reopened a bucket that was losing 15%. Both
+    sides of the ratio are measured at the same moment, so old evidence does not go stale with the machine's speed. A
+    bucket drafts until its score falls to 1 or below; then it drafts only to probe. Probes (closed) and control steps
+    (open) are spaced so that each loses at most `probe_overhead` of the time."""
+
+    alpha: float = 0.1  # the fastest fade a step (of many sequences): about the last 10 steps count
+    seq_alpha: float = 1 / 64  # the fade per sequence of a step: at one sequence, about the last 64 steps count
+    probe_overhead: float = 0.005  # the share of time probes may lose: a clear loss is probed rarely, a tie often
     probe_every: int = 8
     max_probe_every: int = 256
-    min_evidence: int = 8  # sequence-steps a bucket scores before it may close (a step of 64 sequences is 64)
-    probe_weight: float = 0.25  # the most one probe counts, however long the pause before it: noise is rife
+    min_evidence: int = 64  # sequence-steps a bucket scores before it may close: one memory's worth (see seq_alpha)
     plain_alpha: float = 0.1  # per plain step scored
     min_plain_samples: int = 2  # plain steps measured in a bucket before control steps are spaced out
 
@@ -274,10 +282,16 @@ class DraftGate:
         return score is None or score > 1.0 or self._state(num_decoding).evidence < self.min_evidence
 
     def _spacing(self, num_decoding: int) -> int:
-        """Steps between probes (closed) or control steps (open): a probe loses 1/score - 1 of a plain step, a
-        control step 1 - 1/score of a drafted one."""
-        score = self.score(num_decoding)
-        loss = 0.0 if score is None else abs(1.0 / score - 1.0)
+        """Steps between probes (closed) or control steps (open), from the plain steps each loses: a probe
+        (tokens per sequence) x (1/score - 1), since plain decoding would have taken that many steps for its tokens;
+        a control step 1 - 1/score."""
+        st, score = self._state(num_decoding), self.score(num_decoding)
+        if score is None:
+            loss = 0.0
+        elif score > 1.0:
+            loss = 1.0 - 1.0 / score
+        else:
+            loss = st.tokens / st.sequences * (1.0 / score - 1.0)
         return int(min(self.max_probe_every, max(self.probe_every, loss / self.probe_overhead)))
 
     def steps_until_probe(self, num_decoding: int) -> int:
@@ -288,7 +302,6 @@ class DraftGate:
 
     def should_draft(self, num_decoding: int) -> bool:
         st = self._state(num_decoding)
-        st.age += 1
         if self.is_open(num_decoding):
             # Until a couple of plain steps are measured at this load, the prediction alone judges: check it soon.
             spacing = self._spacing(num_decoding) if st.plain_samples >= self.min_plain_samples else 2
@@ -307,7 +320,6 @@ class DraftGate:
         """Count `steps` more skipped steps at once (the simulator's fast path; fewer than steps_until_probe)."""
         st = self._state(num_decoding)
         st.since_switch += steps
-        st.age += steps
 
     def record(self, num_decoding: int, emitted: float, seconds: float, plain_seconds: float) -> None:
         """A drafted step: `emitted` tokens in `seconds`, where plain decoding of `num_decoding` tokens is predicted
@@ -315,10 +327,11 @@ class DraftGate:
         st = self._state(num_decoding)
         st.samples += 1
         st.evidence += num_decoding
-        a = max(1.0 / st.samples, min(self.probe_weight, 1.0 - (1.0 - self.alpha) ** max(1, st.age)))
-        st.age = 0
-        st.gain += a * (emitted * plain_seconds - st.gain)
-        st.cost += a * (num_decoding * seconds - st.cost)
+        fade = 1.0 - min(self.alpha, num_decoding * self.seq_alpha)
+        st.gain = fade * st.gain + emitted * plain_seconds
+        st.cost = fade * st.cost + num_decoding * seconds
+        st.tokens = fade * st.tokens + emitted
+        st.sequences = fade * st.sequences + num_decoding
         if not self.is_open(num_decoding):
             st.since_switch = 0  # closed (again): the next probe is a full spacing away
 

@@ -172,18 +172,35 @@ def test_draft_gate_closes_where_drafting_lost_and_probes_in_proportion_to_the_l
     gate.record(64, emitted=70, seconds=0.15, plain_seconds=0.10)  # 70/0.15 tok/s vs 64/0.10: lost 27%
     gate.record(1, emitted=1, seconds=0.03, plain_seconds=0.025)  # lost too, but one sequence's step proves little
     assert not gate.is_open(64) and gate.is_open(1) and gate.is_open(50)  # 50: another load bucket (32..63)
-    drafts = [gate.should_draft(64) for _ in range(80)]
+    drafts = [gate.should_draft(64) for _ in range(200)]
     first = drafts.index(True) + 1
-    assert first == 37  # a probe step is 1/0.73 - 1 = 37% dearer: one in 37 steps loses 1% of the time
+    # A probe's 70 tokens take 0.15 s, where plain decoding would take 70/64 steps of 0.10 s: it loses 0.41 of a
+    # plain step, so one in 81 steps keeps the loss at 0.5% of the time.
+    assert first == 81
     assert drafts[first:].index(True) + 1 == first
     heavy = DraftGate()
     heavy.record(64, emitted=64, seconds=0.3, plain_seconds=0.1)  # drafting tripled the step: probe rarely
-    assert 195 <= heavy.steps_until_probe(64) <= 200
+    assert heavy.steps_until_probe(64) == heavy.max_probe_every  # 2 plain steps lost a probe: 400, capped
     for _ in range(6):  # the content got easy: probes win, the gate reopens
         gate.record(64, emitted=160, seconds=0.15, plain_seconds=0.10)
     assert gate.is_open(64)
     decisions = [gate.should_draft(64) for _ in range(12)]  # drafting, with control steps to measure plain ones
     assert decisions.count(True) >= 8, decisions
+
+
+def test_draft_gate_weighs_a_step_by_its_sequences():
+    """One sequence's step says little (it emits 1 to gamma + 1 tokens): a lucky probe does not reopen a bucket that
+    lost over many steps at one sequence, while a 64-sequence probe that won as clearly does."""
+    for n, reopens in ((1, False), (64, True)):
+        gate = DraftGate()
+        for _ in range(200):  # drafting lost 10%: 1.5 tokens per sequence in 20 ms against one in 12 ms
+            gate.should_draft(n)
+            gate.record(n, emitted=1.5 * n, seconds=0.020, plain_seconds=0.012)
+        assert gate.score(n) == pytest.approx(0.9) and not gate.is_open(n)
+        while not gate.should_draft(n):
+            pass
+        gate.record(n, emitted=4 * n, seconds=0.020, plain_seconds=0.012)  # a probe that won 2.4x
+        assert gate.is_open(n) == reopens, (n, gate.score(n))
 
 
 def test_draft_gate_measures_plain_steps_and_runs_control_steps_while_open():
@@ -202,10 +219,11 @@ def test_draft_gate_measures_plain_steps_and_runs_control_steps_while_open():
     assert decisions[:3] == [True, True, False], decisions  # no plain step measured at this load yet: check soon
     assert gate.plain_bias(64) == pytest.approx(0.8)
     assert gate.score(64) == pytest.approx(70 / 64 * 0.8) and not gate.is_open(64)  # a 12.5% loss: closed
-    assert decisions[3:].count(True) == 2  # then it probes: one in (1/0.875 - 1) / 1% = 14 steps, of 37
+    assert decisions[3:].count(True) == 1  # then it probes: one in (70/64) x (1/0.875 - 1) / 0.5% = 31, of 37
     assert gate.plain_bias(16) == 1.0  # other buckets keep their own calibration
 
-    # A real 9% win, plain steps measured: control steps are spaced so that they lose <= 1% (8.6% each: 1 in 8).
+    # A real 9% win, plain steps measured: control steps are spaced so that they lose <= 0.5% (8.6% each: one after
+    # every 17 drafted steps).
     win = DraftGate()
     for _ in range(3):
         win.record_plain(64, seconds=0.10, predicted_seconds=0.10)
@@ -216,7 +234,7 @@ def test_draft_gate_measures_plain_steps_and_runs_control_steps_while_open():
             win.record(64, emitted=70, seconds=0.10, plain_seconds=0.10)
         else:
             win.record_plain(64, seconds=0.10, predicted_seconds=0.10)
-    assert win.is_open(64) and decisions.count(False) == 40 // 9, decisions
+    assert win.is_open(64) and decisions.count(False) == 40 // 18, decisions
 
 
 def test_step_cost_model_tracks_measurements():
