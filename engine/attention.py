@@ -19,18 +19,20 @@ SMALL_QUERY = 16  # sequences with at most this many new tokens go to the batche
 
 
 class KVCache:
-    """Per-layer K and V tensors. V is [num_blocks, block_size, num_kv_heads, head_dim]; K has the same layout, or
-    [num_blocks, num_kv_heads, head_dim, block_size] for the CPU kernel (`k_transposed`)."""
+    """Per-layer K and V tensors. V is [num_blocks, block_size, num_kv_heads, head_dim]. K has the same layout
+    ("plain"), or for the CPU kernel [num_blocks, num_kv_heads, head_dim, block_size] ("transposed") or, in bf16 on a
+    CPU with AVX512-BF16, [num_blocks, num_kv_heads, head_dim / 2, block_size, 2] ("paired": see
+    engine/csrc/cpu_kernels.cpp)."""
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device,
-                 k_transposed: bool = False):
+                 k_layout: str = "plain"):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        k_shape = (num_blocks, num_kv_heads, head_dim, block_size) if k_transposed else shape
+        k_shape = {"plain": shape, "transposed": (num_blocks, num_kv_heads, head_dim, block_size),
+                   "paired": (num_blocks, num_kv_heads, head_dim // 2, block_size, 2)}[k_layout]
         # Zeroed: masked-out slots are multiplied by 0 in attention, and garbage could hold NaN.
         self.k = [torch.zeros(k_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.k_transposed = k_transposed
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype) -> int:
@@ -176,7 +178,9 @@ def gather_kv(k_cache, v_cache, block_ids, batch, k_transposed) -> tuple[torch.T
     nb, bs, Hkv, D = block_ids.numel() // batch, v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     v = v_cache.index_select(0, block_ids).view(batch, nb * bs, Hkv, D).transpose(1, 2)
     k = k_cache.index_select(0, block_ids)
-    if k_transposed:
+    if k.dim() == 5:  # paired
+        k = k.view(batch, nb, Hkv, D // 2, bs, 2).permute(0, 2, 1, 4, 3, 5).reshape(batch, Hkv, nb * bs, D)
+    elif k_transposed:
         k = k.view(batch, nb, Hkv, D, bs).permute(0, 2, 1, 4, 3).reshape(batch, Hkv, nb * bs, D)
     else:
         k = k.view(batch, nb * bs, Hkv, D).transpose(1, 2)

@@ -112,7 +112,7 @@ class LLMEngine:
         self.model = DecoderLM(hf_model, self.device, self.dtype, max_positions=max_len + 64,
                                block_size=config.block_size)
         self.kv_cache = KVCache(num_layers, num_blocks, config.block_size, hf_cfg.num_key_value_heads, head_dim,
-                                self.dtype, self.device, k_transposed=self.model.ops.fused)
+                                self.dtype, self.device, k_layout=self.model.ops.key_layout(self.dtype))
         del hf_model
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)

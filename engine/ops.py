@@ -46,6 +46,12 @@ class Ops:
     def fused(self) -> bool:
         return self.k is not None
 
+    def key_layout(self, dtype: torch.dtype) -> str:
+        """The K cache layout the attention reads (engine.attention.KVCache)."""
+        if self.k is None:
+            return "plain"
+        return "paired" if dtype == torch.bfloat16 and self.k.paired_keys() else "transposed"
+
     def rms_norm(self, x, w, eps):
         if self.k is not None:
             return self.k.rms_norm(x, w, eps)

@@ -13,6 +13,7 @@ from engine.ops import Ops, cpu_kernels
 pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="CPU kernels could not be built")
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
+PAIRED = cpu_kernels() is not None and cpu_kernels().paired_keys()  # bf16 keys dim-paired for vdpbf16ps
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
@@ -69,6 +70,10 @@ def test_rope_and_cache_matches_torch_path(dtype, qk_norm):
     close(q, q_ref, dtype)
     close(kc_t.permute(0, 3, 1, 2), kc_ref, dtype)  # the kernel keeps keys transposed within a block
     assert torch.equal(vc, vc_ref)
+    if dtype == torch.bfloat16 and PAIRED:  # pairs of head dims side by side: [blocks, Hkv, D / 2, bs, 2]
+        kc_p = torch.zeros(nblocks, Hkv, D // 2, bs, 2, dtype=dtype)
+        fused.rope_and_cache(qkv, cos, sin, slots, kc_p, torch.zeros_like(vc), H, Hkv, qn, kn, 1e-6)
+        assert torch.equal(kc_p.permute(0, 3, 1, 2, 4).reshape(nblocks, bs, Hkv, D), kc_t.permute(0, 3, 1, 2))
 
 
 def reference_attention(q, keys, values, q_lens, ctx_lens, scale):
@@ -88,9 +93,12 @@ def reference_attention(q, keys, values, q_lens, ctx_lens, scale):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fused", [True, False])
-def test_paged_attention_mixed_batch(dtype, fused):
+@pytest.mark.parametrize("layout", ["transposed", "paired", "plain"])  # plain: the SDPA path
+def test_paged_attention_mixed_batch(dtype, layout):
     """Decodes, verify segments and prefill chunks (fresh and continued) in one batch, scattered blocks."""
+    if layout == "paired" and not (dtype == torch.bfloat16 and PAIRED):
+        pytest.skip("paired keys are bf16 on a CPU with AVX512-BF16")
+    fused = layout != "plain"
     torch.manual_seed(1)
     rng = random.Random(1)
     H, Hkv, D, bs, nblocks = 6, 2, 32, 16, 64
@@ -98,7 +106,9 @@ def test_paged_attention_mixed_batch(dtype, fused):
     free = list(range(nblocks))
     rng.shuffle(free)
     tables, keys, values = [], [], []
-    kc = torch.zeros(nblocks, Hkv, D, bs, dtype=dtype) if fused else torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
+    kc = {"transposed": torch.zeros(nblocks, Hkv, D, bs, dtype=dtype),
+          "paired": torch.zeros(nblocks, Hkv, D // 2, bs, 2, dtype=dtype),
+          "plain": torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)}[layout]
     vc = torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
     for q_len, L in specs:
         table = [free.pop() for _ in range(-(-L // bs))]
@@ -106,7 +116,9 @@ def test_paged_attention_mixed_batch(dtype, fused):
         for pos in range(L):
             blk, off = table[pos // bs], pos % bs
             vc[blk, off] = v[pos]
-            if fused:
+            if layout == "paired":
+                kc[blk, :, :, off] = k[pos].view(Hkv, D // 2, 2)
+            elif layout == "transposed":
                 kc[blk, :, :, off] = k[pos]
             else:
                 kc[blk, off] = k[pos]

@@ -13,6 +13,13 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+constexpr bool kPairedKeys = true;  // bf16 K caches may use the dim-paired layout (see paged_attention)
+#else
+constexpr bool kPairedKeys = false;
+#endif
+
 namespace {
 
 template <typename T>
@@ -116,7 +123,8 @@ _Pragma("omp simd")
 
 // qkv [T, (H + 2 Hkv) D] -> q [T, H, D]. Applies the optional per-head q/k RMSNorm and rotary embedding (half-split
 // layout, cos/sin [T, D] already gathered per position), and writes k and v into the paged caches at `slots`:
-// K into [num_blocks, Hkv, D, block_size], V into [num_blocks, block_size, Hkv, D].
+// K into [num_blocks, Hkv, D, block_size] (or, paired, [num_blocks, Hkv, D / 2, block_size, 2]), V into
+// [num_blocks, block_size, Hkv, D].
 at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t num_heads,
                           int64_t num_kv_heads, const c10::optional<at::Tensor>& q_norm,
@@ -126,6 +134,7 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
   check_rows(sin, "sin");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   const int64_t T = qkv.size(0), D = v_cache.size(-1), BS = v_cache.size(1), half = D / 2;
+  const bool paired = k_cache.dim() == 5;
   const int64_t H = num_heads, Hkv = num_kv_heads, width = (H + 2 * Hkv) * D;
   TORCH_CHECK(qkv.size(1) == width, "qkv width does not match the head counts");
   auto q_out = at::empty({T, H, D}, qkv.options());
@@ -161,8 +170,12 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
         const int64_t blk = slot / BS, off = slot % BS;
         for (int64_t h = 0; h < Hkv; ++h) {
           rope(row + (H + h) * D, kn, kbuf.data());
-          scalar_t* kd = kc + (blk * Hkv + h) * D * BS + off;
-          for (int64_t i = 0; i < D; ++i) kd[i * BS] = kbuf[i];
+          scalar_t* kd = kc + (blk * Hkv + h) * D * BS;
+          if (paired) {
+            for (int64_t i = 0; i < D; ++i) kd[((i >> 1) * BS + off) * 2 + (i & 1)] = kbuf[i];
+          } else {
+            for (int64_t i = 0; i < D; ++i) kd[i * BS + off] = kbuf[i];
+          }
           const scalar_t* v = row + (H + Hkv + h) * D;
           scalar_t* vd = vc + (slot * Hkv + h) * D;
           for (int64_t i = 0; i < D; ++i) vd[i] = v[i];
@@ -211,12 +224,52 @@ inline void to_acc<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t 
 
 constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
 
+// Scores of one (sequence, KV head) from paired bf16 keys: scores[r, blk * BS + j] = scale * sum_d q[r, d] K[d, j].
+inline void paired_scores(const c10::BFloat16* qp, const c10::BFloat16* kc, const int64_t* table, int64_t q0,
+                          int64_t qn, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS,
+                          int64_t nblocks, int64_t Lp, float scale, float* scores) {
+#if defined(__AVX512BF16__)
+  const int64_t pairs = D / 2, rows = qn * G;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const uint16_t* kt = reinterpret_cast<const uint16_t*>(kc + (table[blk] * Hkv + kh) * D * BS);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r / G, g = r % G;
+      // Two query dims per 32-bit word, low half first, as vdpbf16ps pairs them.
+      const uint32_t* qw = reinterpret_cast<const uint32_t*>(qp + ((q0 + i) * H + kh * G + g) * D);
+      float* dst = scores + r * Lp + blk * BS;
+      for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
+        // Four independent accumulation chains over the dim pairs (D / 2 is a multiple of 8).
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t p = 0; p < pairs; p += 4) {
+          const uint16_t* kp = kt + (p * BS + j0) * 2;
+          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qw[p]), (__m512bh)_mm512_loadu_si512(kp));
+          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qw[p + 1]),
+                                (__m512bh)_mm512_loadu_si512(kp + 2 * BS));
+          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(qw[p + 2]),
+                                (__m512bh)_mm512_loadu_si512(kp + 4 * BS));
+          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(qw[p + 3]),
+                                (__m512bh)_mm512_loadu_si512(kp + 6 * BS));
+        }
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        _mm512_storeu_ps(dst + j0, _mm512_mul_ps(sum, vscale));
+      }
+    }
+  }
+#else
+  TORCH_CHECK(false, "paired keys need a CPU with AVX512-BF16");
+#endif
+}
+
 // Attention of short query segments straight from the paged cache.
 // q [T, H, D]: the queries of B sequences packed, sequence b owning rows cu_q[b] .. cu_q[b+1]-1, which sit at the
 // last positions of its ctx_len[b] cached tokens; query i of a segment sees keys 0 .. ctx_len - q_len + i.
 // K cache [num_blocks, Hkv, D, block_size] (keys transposed within a block, so scores accumulate across keys with no
 // horizontal sums); V cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]. block_size and D must be
 // multiples of 16. Returns [T, H * D].
+// Paired keys (bf16 where the CPU has AVX512-BF16): K [num_blocks, Hkv, D / 2, block_size, 2], each pair of head dims
+// of a key side by side, so one vdpbf16ps multiplies 16 keys by two query dims straight from the cache (the products
+// of two bf16 values are exact in fp32) instead of widening the tile to fp32 first. The scale is applied to the sums.
 // One work item is a (sequence, KV head): it reads that head's K and V once for all G query heads and all queries.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& cu_q, const at::Tensor& ctx_len, const at::Tensor& block_tables,
@@ -224,7 +277,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   check_rows(q, "q");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_cache.size(1), BS = k_cache.size(3), G = H / Hkv;
-  TORCH_CHECK(k_cache.size(2) == D && v_cache.size(1) == BS && v_cache.size(3) == D, "cache shapes do not match");
+  const bool paired = k_cache.dim() == 5;
+  TORCH_CHECK(!paired || (kPairedKeys && q.scalar_type() == at::kBFloat16 && k_cache.size(4) == 2),
+              "paired keys need bf16 and a CPU with AVX512-BF16");
+  TORCH_CHECK(k_cache.size(2) * (paired ? 2 : 1) == D && v_cache.size(1) == BS && v_cache.size(3) == D,
+              "cache shapes do not match");
   TORCH_CHECK(BS % kLanes == 0 && D % kLanes == 0, "block_size and head_dim must be multiples of 16");
   const int64_t B = ctx_len.size(0), MB = block_tables.size(1);
   auto out = at::empty({T, H * D}, q.options());
@@ -254,13 +311,17 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
           for (int64_t g = 0; g < G; ++g) {
             const int64_t r = i * G + g;
             const scalar_t* src = qp + ((q0 + i) * H + kh * G + g) * D;
-            for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
+            if (!paired)
+              for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
             limit[r] = L - qn + i;  // last visible key
           }
         }
         const int64_t* table = bt + b * MB;
+        if (paired)  // bf16 only (checked above)
+          paired_scores(reinterpret_cast<const c10::BFloat16*>(qp), reinterpret_cast<const c10::BFloat16*>(kc), table,
+                        q0, qn, H, kh, G, D, Hkv, BS, nblocks, Lp, float(scale), reinterpret_cast<float*>(scores.data()));
         // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
-        for (int64_t blk = 0; blk < nblocks; ++blk) {
+        for (int64_t blk = 0; blk < nblocks && !paired; ++blk) {
           const scalar_t* kt = kc + (table[blk] * Hkv + kh) * D * BS;
           to_acc(kt, tile.data(), D * BS);
           for (int64_t r = 0; r < rows; ++r) {
@@ -459,4 +520,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache);
   m.def("paged_attention", &paged_attention);
   m.def("silu_mul", &silu_mul);
+  m.def("paired_keys", [] { return kPairedKeys; }, "whether bf16 K caches can use the dim-paired layout");
 }
