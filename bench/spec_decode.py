@@ -8,6 +8,8 @@ lengths do not skew the cells. One engine per mix; the mode is set per request, 
 each concurrency so they see the same machine state; the whole sweep is repeated --repeats times and each cell
 reports its median round (this machine is shared and noisy). `adaptive` runs next to `off`, the order flips every
 round, and `paired` gives the median over rounds of each round's adaptive / off and adaptive / best fixed ratios.
+Before the rounds, one unmeasured `adaptive` cell per concurrency lets the draft gate explore its load buckets, as
+a running server's gate has.
 Metrics per cell: output tokens/s (all tokens of the batch over its wall time, prefill included), mean per-request
 TPOT, mean verify length, and tokens per speculative step.
 
@@ -87,7 +89,10 @@ def main() -> None:
         prompts = [list(engine.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True,
                                                              tokenize=True, return_dict=True)["input_ids"])
                    for r in records[: max(concs)]]
-        run_cell(engine, prompts[:4], "adaptive", temperature, 16, 0)  # warm-up
+        # Warm-up, not measured: a server's draft gate has long since explored the load buckets it sees (a bucket
+        # drafts for its first 64 sequence-steps before it may close); here every cell is a fresh batch.
+        for conc in concs:
+            run_cell(engine, prompts[:conc], "adaptive", temperature, n_new, seed=conc)
         rounds: dict[str, list[dict]] = {}
         for rep in range(args.repeats):
             for conc in concs:
