@@ -50,6 +50,13 @@ def run_engine(dtype: str, new_tokens: int) -> dict:
     engine = LLMEngine(EngineConfig(dtype=dtype, device="cpu", max_num_seqs=64, max_num_batched_tokens=4096,
                                     kv_cache_memory_gb=0.5))
     prompts = chat_prompts(engine.tokenizer, max(CONCURRENCY))
+    # Warm-up, as the transformers paths get (their 1-token runs): oneDNN builds a kernel per new batch shape on
+    # first use, which took the mean decode step at concurrency 1 from 10 to 17 ms when left in the timed run.
+    for conc in CONCURRENCY:
+        for i, p in enumerate(prompts[:conc]):
+            engine.add_request(f"warm{conc}-{i}", p, SamplingParams(max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
     out = {}
     for conc in CONCURRENCY:
         ids = [f"c{conc}-{i}" for i in range(conc)]
@@ -78,13 +85,12 @@ def linear_only_ms(engine, tokens: int, torch, reps: int = 20) -> float:
     lins = [lin for layer in m.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
     xs = {}
     for lin in lins:
-        width = lin.weight.shape[1]
-        xs.setdefault(width, torch.randn(tokens, width, dtype=m.dtype))
+        xs.setdefault(lin.in_features, torch.randn(tokens, lin.in_features, dtype=m.dtype))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         for lin in lins:
-            lin(xs[lin.weight.shape[1]])
+            lin(xs[lin.in_features])
         times.append(time.perf_counter() - t0)
     return 1000 * sorted(times)[reps // 2]
 

@@ -27,7 +27,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
-        self.out_features = weight.shape[0]
+        self.in_features = weight.shape[1]
         self._packed = None
         if (weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
                 and torch.backends.mkldnn.is_available()):

@@ -223,6 +223,14 @@ inline void to_acc<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t 
 }
 
 constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
+// Blocks of K (and V) requested ahead of the one being read. The hardware prefetcher does not run ahead across the
+// scattered 2 KB tiles of a block table: without this the kernel read the cache at 8-12 GB/s, with it at 17-20.
+constexpr int64_t kPrefetchBlocks = 2;  // 1 and 2 measured alike, 4 slower at 64 sequences
+
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
 
 // Scores of one (sequence, KV head) from paired bf16 keys: scores[r, blk * BS + j] = scale * sum_d q[r, d] K[d, j].
 inline void paired_scores(const c10::BFloat16* qp, const c10::BFloat16* kc, const int64_t* table, int64_t q0,
@@ -233,6 +241,8 @@ inline void paired_scores(const c10::BFloat16* qp, const c10::BFloat16* kc, cons
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const uint16_t* kt = reinterpret_cast<const uint16_t*>(kc + (table[blk] * Hkv + kh) * D * BS);
+    if (blk + kPrefetchBlocks < nblocks)
+      prefetch_lines(kc + (table[blk + kPrefetchBlocks] * Hkv + kh) * D * BS, D * BS * 2);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = r / G, g = r % G;
       // Two query dims per 32-bit word, low half first, as vdpbf16ps pairs them.
@@ -317,12 +327,16 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
           }
         }
         const int64_t* table = bt + b * MB;
-        if (paired)  // bf16 only (checked above)
-          paired_scores(reinterpret_cast<const c10::BFloat16*>(qp), reinterpret_cast<const c10::BFloat16*>(kc), table,
-                        q0, qn, H, kh, G, D, Hkv, BS, nblocks, Lp, float(scale), reinterpret_cast<float*>(scores.data()));
+        if (paired) {  // bf16 only (checked above), so A is float
+          using bf16 = const c10::BFloat16*;
+          paired_scores(reinterpret_cast<bf16>(qp), reinterpret_cast<bf16>(kc), table, q0, qn, H, kh, G, D, Hkv, BS,
+                        nblocks, Lp, float(scale), reinterpret_cast<float*>(scores.data()));
+        }
         // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
         for (int64_t blk = 0; blk < nblocks && !paired; ++blk) {
           const scalar_t* kt = kc + (table[blk] * Hkv + kh) * D * BS;
+          if (blk + kPrefetchBlocks < nblocks)
+            prefetch_lines(kc + (table[blk + kPrefetchBlocks] * Hkv + kh) * D * BS, D * BS * sizeof(scalar_t));
           to_acc(kt, tile.data(), D * BS);
           for (int64_t r = 0; r < rows; ++r) {
             const A* qr = qbuf.data() + r * D;
@@ -365,6 +379,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         // Output: acc[r] += sum_j p[r, j] V[j], a block of values at a time, 16 dims per register.
         for (int64_t blk = 0; blk < nblocks; ++blk) {
           const scalar_t* vb = vc + (table[blk] * BS * Hkv + kh) * D;
+          if (blk + kPrefetchBlocks < nblocks) {
+            const scalar_t* next = vc + (table[blk + kPrefetchBlocks] * BS * Hkv + kh) * D;
+            for (int64_t j = 0; j < BS; ++j) prefetch_lines(next + j * Hkv * D, D * sizeof(scalar_t));
+          }
           for (int64_t j = 0; j < BS; ++j) to_acc(vb + j * Hkv * D, tile.data() + j * D, D);
           for (int64_t r = 0; r < rows; ++r) {
             const A* pr = scores.data() + r * Lp + blk * BS;
