@@ -247,7 +247,7 @@ class DraftGate:
     A score is a ratio of sums over the drafted steps that fade with every drafted step, the faster the more
     sequences it carried (`seq_alpha` a sequence, at most `alpha` a step), so it rests on about the last 64 sequence-
     steps: the tokens one sequence emits in a step vary from 1 to gamma + 1. With a memory of 20 steps whatever their
-    size, a 12% win at one sequence kept swinging across 1 (the gate shut a third of the steps), and with old evidence
+    size, a 12% win at one sequence kept swinging across 1 (the gate shut 37-68% of the steps), and with old evidence
     fading during the pause before a probe, one lucky probe of 4 sequences reopened a bucket that was losing 15%. Both
     sides of the ratio are measured at the same moment, so old evidence does not go stale with the machine's speed. A
     bucket drafts until its score falls to 1 or below; then it drafts only to probe. Probes (closed) and control steps
