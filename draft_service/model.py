@@ -89,6 +89,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.hd, d, bias=bias)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.qkv = None  # engine.model.Linear over [q; k; v], set by DSparkDrafter.optimize_for_inference
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd]."""
@@ -99,8 +100,15 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
         """x [B,G,d] block; ctx_k/v [B,T,n_kv,hd] stored context; mask [B,1,1,T+G] bool."""
         B, G, _ = x.shape
-        q = apply_rope(self.q_norm(self.q_proj(x).unflatten(-1, (self.n_heads, self.hd))), cos, sin)
-        k, v = self.kv(x, cos, sin)
+        if self.qkv is not None and not torch.is_grad_enabled():
+            q, k, v = self.qkv(x.reshape(B * G, -1)).view(B, G, -1).split(
+                [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+            k = apply_rope(self.k_norm(k.unflatten(-1, (self.n_kv, self.hd))), cos, sin)
+            v = v.unflatten(-1, (self.n_kv, self.hd))
+        else:
+            q = self.q_proj(x)
+            k, v = self.kv(x, cos, sin)
+        q = apply_rope(self.q_norm(q.unflatten(-1, (self.n_heads, self.hd))), cos, sin)
         # Block K/V are only concatenated for this call; they never enter the context.
         k = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+G, hd]
         v = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
@@ -119,8 +127,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
+        self.gate_up = None  # (engine.model.Linear over [gate; up], engine.ops.Ops), set by optimize_for_inference
 
     def forward(self, x):
+        if self.gate_up is not None and not torch.is_grad_enabled():
+            lin, ops = self.gate_up
+            return self.down_proj(ops.silu_mul(lin(x.reshape(-1, x.shape[-1]))).view(*x.shape[:-1], -1))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -213,6 +225,8 @@ class DSparkDrafter(nn.Module):
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
         self._lowrank = None  # (kernel, W2^T) for the Markov bias at small batch, set by optimize_for_inference
+        self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
+        self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
 
     # -- init / misc -----------------------------------------------------------
     @torch.no_grad()
@@ -229,8 +243,12 @@ class DSparkDrafter(nn.Module):
                 m.weight.fill_(1.0)
         return self
 
+    @torch.no_grad()
     def optimize_for_inference(self) -> "DSparkDrafter":
-        """Frozen serving: prepacked linears and the engine's fused RMSNorm/argmax where the device has them."""
+        """Frozen serving: prepacked linears, q/k/v, gate/up and the context K/V projections fused as the target's
+        forward fuses them, the engine's fused RMSNorm/argmax/silu where the device has them, and the confidence
+        head folded (below). The parameters stay registered under their checkpoint names."""
+        from engine.model import Linear
         from engine.ops import Ops
 
         ops = Ops(self.device)
@@ -239,10 +257,28 @@ class DSparkDrafter(nn.Module):
         if ops.fused and mh is not None and mh.kind == "vanilla":
             # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
             self._lowrank = (ops.k.add_lowrank_, mh.markov_w2.weight.detach().t().contiguous())
+
+        def fused(*lins: nn.Linear) -> Linear:
+            bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
+            return Linear(torch.cat([lin.weight for lin in lins]).contiguous(), bias)
+
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+            mlp.gate_up = (fused(mlp.gate_proj, mlp.up_proj), ops)
+        self._ctx_kv = fused(*[p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
+        ch = self.confidence_head
+        if ch is not None and mh is not None and self.config.confidence_head_with_markov:
+            # w . [h ; W1[x]] + b = w_h . h + (W1 w_e)[x] + b: the Markov half becomes one number per token.
+            w = ch.proj.weight[0].to(self.prob_dtype)
+            d = self.config.hidden_size
+            self._confidence = (w[:d], mh.markov_w1.weight.to(self.prob_dtype) @ w[d:], ch.proj.bias.to(self.prob_dtype))
+        packed_by_fusion = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
         for name, mod in list(self.named_modules()):
-            if isinstance(mod, nn.Linear) and name != "embed_tokens":
+            leaf = name.rsplit(".", 1)[-1]
+            if isinstance(mod, nn.Linear) and name != "embed_tokens" and leaf not in packed_by_fusion:
                 parent = self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self
-                setattr(parent, name.rsplit(".", 1)[-1], PackedLinear(mod))
+                setattr(parent, leaf, PackedLinear(mod))
             elif isinstance(mod, RMSNorm) and ops.fused:
                 mod.fast_ops = ops
         return self
@@ -284,6 +320,12 @@ class DSparkDrafter(nn.Module):
         """
         ctx = self.hidden_norm(self.fc(taps.to(self.dtype)))
         cos, sin = self.rope(positions)
+        if self._ctx_kv is not None:  # every layer's k_proj and v_proj in one matmul
+            n, L, kvh, hd = ctx.shape[0], len(self.layers), self.config.num_key_value_heads, self.config.head_dim
+            kv = self._ctx_kv(ctx).view(n, L, 2, kvh, hd)
+            for i, layer in enumerate(self.layers):
+                kv[:, i, 0] = apply_rope(layer.self_attn.k_norm(kv[:, i, 0]), cos, sin)
+            return kv
         kvs = [torch.stack(layer.self_attn.kv(ctx, cos, sin), dim=1) for layer in self.layers]
         return torch.stack(kvs, dim=1)
 
@@ -316,8 +358,10 @@ class DSparkDrafter(nn.Module):
         """
         B, G, _ = h.shape
         pdt = self.prob_dtype
-        # Base logits U for all positions in one lm_head pass; the loop adds B_k in place.
-        logits = self.lm_head(h).to(pdt)  # [B, G, V_out]
+        # Base logits U for all positions in one lm_head pass, laid out [G, B, V] so that each position's rows are
+        # contiguous for the loop below (which adds B_k in place and takes the row argmax).
+        by_pos = self.lm_head(h.transpose(0, 1)).to(pdt)
+        logits = by_pos.transpose(0, 1)  # [B, G, V] view
         V = logits.shape[-1]
         sampling = temperature is not None and uniforms is not None
         if sampling:
@@ -328,13 +372,9 @@ class DSparkDrafter(nn.Module):
         prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
         prev, state = anchor_ids, None
         lowrank = self._lowrank if (B <= 8 and pdt == torch.float32) else None
-        if lowrank is not None:
-            by_pos = logits.transpose(0, 1).contiguous()  # [G, B, V]: each position's rows contiguous
-            logits = by_pos.transpose(0, 1)
         for k in range(G):
-            lk = logits[:, k]
+            lk = by_pos[k]
             if lowrank is not None:
-                lk = by_pos[k]
                 lowrank[0](lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
             elif self.markov_head is not None:
                 bias, state = self.markov_head.step(prev, h[:, k], state)
@@ -362,10 +402,14 @@ class DSparkDrafter(nn.Module):
                 probs = full.scatter_(-1, self.draft_vocab.expand(B, G, V), probs)
         conf = None
         if self.confidence_head is not None:
-            feats = h
-            if self.config.confidence_head_with_markov:
-                feats = torch.cat((h, self.markov_head.markov_w1(prev_all).to(h.dtype)), -1)
-            logit = self.confidence_head(feats).to(pdt)
+            if self._confidence is not None:
+                w_h, by_token, b = self._confidence
+                logit = h.to(pdt) @ w_h + by_token[prev_all] + b
+            else:
+                feats = h
+                if self.config.confidence_head_with_markov:
+                    feats = torch.cat((h, self.markov_head.markov_w1(prev_all).to(h.dtype)), -1)
+                logit = self.confidence_head(feats).to(pdt)
             if self.conf_temperatures is not None:
                 logit = logit / self.conf_temperatures.to(device=logit.device, dtype=pdt)
             conf = torch.sigmoid(logit)
