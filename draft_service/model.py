@@ -90,6 +90,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.qkv = None  # engine.model.Linear over [q; k; v], set by DSparkDrafter.optimize_for_inference
+        self.fused_norm_rope = None  # the CPU kernel doing q_norm/k_norm and rope in one pass, likewise
+
+    def norm_rope(self, x: torch.Tensor, norm: RMSNorm, cos, sin) -> torch.Tensor:
+        """RMSNorm per head, then rope: x [..., heads, hd] with cos/sin [..., hd/2]."""
+        if self.fused_norm_rope is None or torch.is_grad_enabled():
+            return apply_rope(norm(x), cos, sin)
+        heads = x.shape[-2]
+        out = self.fused_norm_rope(x.reshape(-1, heads, self.hd), norm.weight, cos.reshape(-1, self.hd // 2),
+                                   sin.reshape(-1, self.hd // 2), norm.eps)
+        return out.view(x.shape)
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd]."""
@@ -103,12 +113,12 @@ class Attention(nn.Module):
         if self.qkv is not None and not torch.is_grad_enabled():
             q, k, v = self.qkv(x.reshape(B * G, -1)).view(B, G, -1).split(
                 [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-            k = apply_rope(self.k_norm(k.unflatten(-1, (self.n_kv, self.hd))), cos, sin)
+            k = self.norm_rope(k.unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
             v = v.unflatten(-1, (self.n_kv, self.hd))
         else:
             q = self.q_proj(x)
             k, v = self.kv(x, cos, sin)
-        q = apply_rope(self.q_norm(q.unflatten(-1, (self.n_heads, self.hd))), cos, sin)
+        q = self.norm_rope(q.unflatten(-1, (self.n_heads, self.hd)), self.q_norm, cos, sin)
         # Block K/V are only concatenated for this call; they never enter the context.
         k = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+G, hd]
         v = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
@@ -225,6 +235,7 @@ class DSparkDrafter(nn.Module):
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
         self._lowrank = None  # (kernel, W2^T) for the Markov bias at small batch, set by optimize_for_inference
+        self._markov_greedy = None  # the whole greedy Markov loop in one kernel call at small batch, likewise
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
         self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
 
@@ -257,6 +268,7 @@ class DSparkDrafter(nn.Module):
         if ops.fused and mh is not None and mh.kind == "vanilla":
             # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
             self._lowrank = (ops.k.add_lowrank_, mh.markov_w2.weight.detach().t().contiguous())
+            self._markov_greedy = ops.k.markov_greedy
 
         def fused(*lins: nn.Linear) -> Linear:
             bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
@@ -265,6 +277,7 @@ class DSparkDrafter(nn.Module):
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+            attn.fused_norm_rope = ops.k.norm_rope if ops.fused else None
             mlp.gate_up = (fused(mlp.gate_proj, mlp.up_proj), ops)
         self._ctx_kv = fused(*[p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
         ch = self.confidence_head
@@ -324,7 +337,7 @@ class DSparkDrafter(nn.Module):
             n, L, kvh, hd = ctx.shape[0], len(self.layers), self.config.num_key_value_heads, self.config.head_dim
             kv = self._ctx_kv(ctx).view(n, L, 2, kvh, hd)
             for i, layer in enumerate(self.layers):
-                kv[:, i, 0] = apply_rope(layer.self_attn.k_norm(kv[:, i, 0]), cos, sin)
+                kv[:, i, 0] = layer.self_attn.norm_rope(kv[:, i, 0], layer.self_attn.k_norm, cos, sin)
             return kv
         kvs = [torch.stack(layer.self_attn.kv(ctx, cos, sin), dim=1) for layer in self.layers]
         return torch.stack(kvs, dim=1)
@@ -372,23 +385,28 @@ class DSparkDrafter(nn.Module):
         prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
         prev, state = anchor_ids, None
         lowrank = self._lowrank if (B <= 8 and pdt == torch.float32) else None
-        for k in range(G):
-            lk = by_pos[k]
-            if lowrank is not None:
-                lowrank[0](lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
-            elif self.markov_head is not None:
-                bias, state = self.markov_head.step(prev, h[:, k], state)
-                lk += bias
-            nxt = self._argmax(lk) if self._argmax is not None else lk.argmax(-1)
-            if sampling:
-                pk = probs[:, k] = torch.softmax(lk * inv_t, -1)
-                cdf = pk.cumsum(-1)
-                u = (uniforms[:, k].to(pdt) * cdf[:, -1])[:, None]
-                drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(V - 1)
-                nxt = torch.where(greedy, nxt, drawn)
-            local[:, k] = nxt
-            prev_all[:, k] = prev
-            prev = nxt if self.draft_vocab is None else self.draft_vocab[nxt]
+        if lowrank is not None and not sampling:
+            vocab = self.draft_vocab if self.draft_vocab is not None else anchor_ids.new_empty(0)
+            local, prev_all = self._markov_greedy(by_pos, self.markov_head.markov_w1.weight, lowrank[1],
+                                                  anchor_ids.contiguous(), vocab)
+        else:
+            for k in range(G):
+                lk = by_pos[k]
+                if lowrank is not None:
+                    lowrank[0](lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
+                elif self.markov_head is not None:
+                    bias, state = self.markov_head.step(prev, h[:, k], state)
+                    lk += bias
+                nxt = self._argmax(lk) if self._argmax is not None else lk.argmax(-1)
+                if sampling:
+                    pk = probs[:, k] = torch.softmax(lk * inv_t, -1)
+                    cdf = pk.cumsum(-1)
+                    u = (uniforms[:, k].to(pdt) * cdf[:, -1])[:, None]
+                    drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(V - 1)
+                    nxt = torch.where(greedy, nxt, drawn)
+                local[:, k] = nxt
+                prev_all[:, k] = prev
+                prev = nxt if self.draft_vocab is None else self.draft_vocab[nxt]
         tokens = local if self.draft_vocab is None else self.draft_vocab[local]
         token_probs = None
         if probs_format == "none":

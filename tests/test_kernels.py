@@ -139,3 +139,49 @@ def test_argmax_rows_equals_torch(dtype):
     x = torch.randn(9, 5000, dtype=dtype)
     x[3, 17] = x[3, 4000] = x[3].max() + 1  # ties resolve to the first index, as torch does
     assert torch.equal(Ops(torch.device("cpu")).argmax(x), x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_rope_matches_torch(dtype):
+    """The drafter's fused q/k norm + rope, on a strided slice of a fused projection as the drafter calls it."""
+    from draft_service.model import RMSNorm, apply_rope
+
+    rows, heads, hd = 11, 3, 16
+    fused = torch.randn(rows, 2 * heads * hd + 5, dtype=dtype)
+    x = fused[:, 5:5 + heads * hd].view(rows, heads, hd)  # row stride 2*heads*hd + 5, heads contiguous
+    norm = RMSNorm(hd, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hd) + 0.5)
+        ang = torch.rand(rows, hd // 2) * 6
+        ref = apply_rope(norm(x.double()).double(), ang.cos().double(), ang.sin().double())
+        out = cpu_kernels().norm_rope(x, norm.weight, ang.cos(), ang.sin(), 1e-6)
+    assert out.shape == (rows, heads, hd) and out.is_contiguous()
+    close(out, ref, torch.float32 if dtype == torch.float64 else dtype)  # the tables are float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_vocab", [False, True])
+def test_markov_greedy_equals_the_step_by_step_loop(dtype, with_vocab):
+    """One kernel call for the drafter's greedy Markov loop gives the same tokens, the same conditioning ids and the
+    same updated logits as the loop of add_lowrank_ + argmax_rows it replaces (and as a float64 reference)."""
+    k = cpu_kernels()
+    G, B, V, R, vocab = 5, 3, 700, 8, 1000
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(G, B, V, generator=gen)
+    w1 = (torch.randn(vocab, R, generator=gen) * 0.5).to(dtype)
+    w2t = (torch.randn(R, V, generator=gen) * 0.5).to(dtype)
+    draft_vocab = torch.randperm(vocab, generator=gen)[:V] if with_vocab else torch.empty(0, dtype=torch.long)
+    anchors = torch.tensor([3, 77, 650])
+    loop_u, prev, toks, prevs = u.clone(), anchors.clone(), [], []
+    for j in range(G):
+        k.add_lowrank_(loop_u[j], w1[prev].contiguous(), w2t)
+        nxt = k.argmax_rows(loop_u[j])
+        toks.append(nxt)
+        prevs.append(prev)
+        ref = (u[j].double() + w1[prev].double() @ w2t.double()).argmax(-1)
+        assert torch.equal(nxt, ref)
+        prev = draft_vocab[nxt] if with_vocab else nxt
+    fused_u = u.clone()
+    local, prev_all = k.markov_greedy(fused_u, w1, w2t, anchors, draft_vocab)
+    assert torch.equal(local, torch.stack(toks, 1)) and torch.equal(prev_all, torch.stack(prevs, 1))
+    assert torch.equal(fused_u, loop_u)

@@ -73,6 +73,24 @@ _Pragma("omp simd")
   }
 }
 
+// acc[0..n) = e @ w2t[:, v0 : v0 + n) for one row e [R] (w = w2t + v0, row stride V), accumulated over r in order:
+// each 64-wide slice of the output stays in registers while the R rows of w2t stream past.
+constexpr int64_t kLowrankChunk = 64;
+template <typename T>
+inline void lowrank_chunk(const T* e, const T* w, int64_t R, int64_t V, int64_t n, float* acc) {
+  for (int64_t j = 0; j < kLowrankChunk; ++j) acc[j] = 0.0f;
+  for (int64_t r = 0; r < R; ++r) {
+    const float er = static_cast<float>(ld(e[r]));
+    const T* row = w + r * V;
+    if (n == kLowrankChunk) {
+      _Pragma("omp simd")
+      for (int64_t j = 0; j < kLowrankChunk; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
+    } else {
+      for (int64_t j = 0; j < n; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
+    }
+  }
+}
+
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -495,7 +513,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 
 // u[b] += e[b] @ w2t for the drafter's Markov head: u [B, V] float32 logits (updated in place), e [B, R] and
 // w2t [R, V] in the model dtype. A low-rank [1, R] x [R, V] product per draft position is a poor fit for a GEMM
-// library at batch 1; here each 64-wide slice of u stays in registers while the R rows of w2t stream past.
+// library at batch 1 (lowrank_chunk above).
 void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
   check_rows(u, "u");
   check_rows(e, "e");
@@ -503,7 +521,7 @@ void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
   TORCH_CHECK(u.scalar_type() == at::kFloat, "u must be float32");
   const int64_t B = u.size(0), V = u.size(1), R = e.size(1);
   TORCH_CHECK(w2t.size(0) == R && w2t.size(1) == V, "w2t must be [R, V]");
-  constexpr int64_t kChunk = 64;
+  constexpr int64_t kChunk = kLowrankChunk;
   float* up = u.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.scalar_type(), "add_lowrank_", [&] {
     const scalar_t* ep = e.data_ptr<scalar_t>();
@@ -512,17 +530,8 @@ void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
     at::parallel_for(0, B * chunks, 16, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t b = w / chunks, v0 = (w % chunks) * kChunk, n = std::min(kChunk, V - v0);
-        float acc[kChunk] = {};
-        for (int64_t r = 0; r < R; ++r) {
-          const float er = static_cast<float>(ld(ep[b * R + r]));
-          const scalar_t* row = wp + r * V + v0;
-          if (n == kChunk) {
-            _Pragma("omp simd")
-            for (int64_t j = 0; j < kChunk; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
-          } else {
-            for (int64_t j = 0; j < n; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
-          }
-        }
+        float acc[kLowrankChunk];
+        lowrank_chunk(ep + b * R, wp + v0, R, V, n, acc);
         float* out = up + b * V + v0;
         for (int64_t j = 0; j < n; ++j) out[j] += acc[j];
       }
@@ -530,11 +539,121 @@ void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
   });
 }
 
+// The drafter's per-head q/k RMSNorm then rotary embedding (draft_service/model.py), one pass: x [rows, H, D] with
+// contiguous heads and any row stride (a slice of a fused projection's output), norm_w [D] (or none), cos/sin
+// [rows, D/2] half tables in float32 (the model's rope tables). Returns a contiguous [rows, H, D]. Rotates in the
+// accumulation type and rounds once, where eager PyTorch rounds after each of its ops.
+at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& norm_w, const at::Tensor& cos,
+                     const at::Tensor& sin, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3, "x must be a CPU tensor [rows, H, D]");
+  const int64_t rows = x.size(0), H = x.size(1), D = x.size(2), half = D / 2, stride = x.stride(0);
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == D, "x must have contiguous heads");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  TORCH_CHECK(cos.numel() == rows * half && sin.numel() == rows * half, "cos/sin must be [rows, D/2]");
+  auto out = at::empty({rows, H, D}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "norm_rope", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = norm_w ? norm_w->data_ptr<scalar_t>() : nullptr;
+    const float* cp = cos.data_ptr<float>();
+    const float* snp = sin.data_ptr<float>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows * H, 16, [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> tmp(D);
+      for (int64_t w = b; w < e; ++w) {
+        const int64_t r = w / H, h = w % H;
+        const scalar_t* src = xp + r * stride + h * D;
+        if (wp) {
+          rms_norm_row(src, wp, tmp.data(), D, eps);
+          src = tmp.data();
+        }
+        const float* c = cp + r * half;
+        const float* s = snp + r * half;
+        scalar_t* dst = op + w * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const A x1 = ld(src[i]), x2 = ld(src[i + half]);
+          dst[i] = st<scalar_t>(x1 * A(c[i]) - x2 * A(s[i]));
+          dst[i + half] = st<scalar_t>(x2 * A(c[i]) + x1 * A(s[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Greedy left-to-right Markov decoding of the drafter's blocks at small batch (DSparkDrafter.decode): for block
+// position k = 0..G-1 and every sequence b, u[k, b] += W1[prev_b] @ w2t (in place, the arithmetic of add_lowrank_),
+// x = argmax u[k, b] (the first index of the maximum, as argmax_rows), prev_b = draft_vocab[x]. One call in place of
+// about ten small ops per position. u [G, B, V] float32; w1 [vocab, R] and w2t [R, V] in the model dtype; anchors [B]
+// int64 target ids (prev at k = 0); draft_vocab [V] int64 (empty: the identity). Returns (x [B, G] draft indices,
+// prev [B, G] the target id each position was conditioned on).
+std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor& w1, const at::Tensor& w2t,
+                                                  const at::Tensor& anchors, const at::Tensor& draft_vocab) {
+  check_rows(u, "u");
+  check_rows(w1, "w1");
+  check_rows(w2t, "w2t");
+  check_rows(anchors, "anchors");
+  TORCH_CHECK(u.scalar_type() == at::kFloat && u.dim() == 3, "u must be float32 [G, B, V]");
+  const int64_t G = u.size(0), B = u.size(1), V = u.size(2), R = w1.size(1);
+  TORCH_CHECK(w2t.size(0) == R && w2t.size(1) == V, "w2t must be [R, V]");
+  TORCH_CHECK(draft_vocab.numel() == 0 || draft_vocab.numel() == V, "draft_vocab must be empty or [V]");
+  constexpr int64_t kChunk = kLowrankChunk;
+  const int64_t chunks = (V + kChunk - 1) / kChunk;
+  auto local = at::empty({B, G}, anchors.options());
+  auto prev_all = at::empty({B, G}, anchors.options());
+  int64_t* lp = local.data_ptr<int64_t>();
+  int64_t* pp = prev_all.data_ptr<int64_t>();
+  const int64_t* dv = draft_vocab.numel() ? draft_vocab.data_ptr<int64_t>() : nullptr;
+  std::vector<int64_t> prev(anchors.data_ptr<int64_t>(), anchors.data_ptr<int64_t>() + B);
+  std::vector<float> cmax(B * chunks);
+  std::vector<int64_t> cidx(B * chunks);
+  float* up = u.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w1.scalar_type(), "markov_greedy", [&] {
+    const scalar_t* w1p = w1.data_ptr<scalar_t>();
+    const scalar_t* wp = w2t.data_ptr<scalar_t>();
+    for (int64_t k = 0; k < G; ++k) {
+      float* uk = up + k * B * V;
+      at::parallel_for(0, B * chunks, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+          const int64_t b = w / chunks, v0 = (w % chunks) * kChunk, n = std::min(kChunk, V - v0);
+          float acc[kLowrankChunk];
+          lowrank_chunk(w1p + prev[b] * R, wp + v0, R, V, n, acc);
+          float* out = uk + b * V + v0;
+          float m = -std::numeric_limits<float>::infinity();
+          int64_t idx = -1;
+          for (int64_t j = 0; j < n; ++j) {
+            out[j] += acc[j];
+            if (out[j] > m) m = out[j], idx = j;  // strict: the first index of the maximum
+          }
+          cmax[w] = m;
+          cidx[w] = idx < 0 ? -1 : v0 + idx;
+        }
+      });
+      for (int64_t b = 0; b < B; ++b) {
+        float m = -std::numeric_limits<float>::infinity();
+        int64_t idx = -1;
+        for (int64_t c = 0; c < chunks; ++c)
+          if (cidx[b * chunks + c] >= 0 && (idx < 0 || cmax[b * chunks + c] > m))
+            m = cmax[b * chunks + c], idx = cidx[b * chunks + c];
+        if (idx < 0) idx = 0;  // all-NaN row, as argmax_rows
+        lp[b * G + k] = idx;
+        pp[b * G + k] = prev[b];
+        prev[b] = dv ? dv[idx] : idx;
+      }
+    }
+  });
+  return {local, prev_all};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("argmax_rows", &argmax_rows);
   m.def("add_lowrank_", &add_lowrank_);
+  m.def("markov_greedy", &markov_greedy);
+  m.def("norm_rope", &norm_rope);
   m.def("rope_and_cache", &rope_and_cache);
   m.def("paged_attention", &paged_attention);
   m.def("silu_mul", &silu_mul);
