@@ -103,9 +103,8 @@ class Attention(nn.Module):
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd]."""
-        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.n_kv, self.hd)))
-        v = self.v_proj(x).unflatten(-1, (self.n_kv, self.hd))
-        return apply_rope(k, cos, sin), v
+        k = self.norm_rope(self.k_proj(x).unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
+        return k, self.v_proj(x).unflatten(-1, (self.n_kv, self.hd))
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
         """x [B,G,d] block; ctx_k/v [B,T,n_kv,hd] stored context; mask [B,1,1,T+G] bool."""
@@ -113,12 +112,11 @@ class Attention(nn.Module):
         if self.qkv is not None and not torch.is_grad_enabled():
             q, k, v = self.qkv(x.reshape(B * G, -1)).view(B, G, -1).split(
                 [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-            k = self.norm_rope(k.unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
-            v = v.unflatten(-1, (self.n_kv, self.hd))
         else:
-            q = self.q_proj(x)
-            k, v = self.kv(x, cos, sin)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = self.norm_rope(q.unflatten(-1, (self.n_heads, self.hd)), self.q_norm, cos, sin)
+        k = self.norm_rope(k.unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
+        v = v.unflatten(-1, (self.n_kv, self.hd))
         # Block K/V are only concatenated for this call; they never enter the context.
         k = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+G, hd]
         v = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
@@ -234,8 +232,9 @@ class DSparkDrafter(nn.Module):
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
-        self._lowrank = None  # (kernel, W2^T) for the Markov bias at small batch, set by optimize_for_inference
-        self._markov_greedy = None  # the whole greedy Markov loop in one kernel call at small batch, likewise
+        # (CPU kernels, W2^T) for the Markov bias at small batch (add_lowrank_ per position, or the whole greedy loop
+        # in one markov_greedy call), set by optimize_for_inference
+        self._lowrank = None
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
         self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
 
@@ -267,8 +266,7 @@ class DSparkDrafter(nn.Module):
         mh = self.markov_head
         if ops.fused and mh is not None and mh.kind == "vanilla":
             # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
-            self._lowrank = (ops.k.add_lowrank_, mh.markov_w2.weight.detach().t().contiguous())
-            self._markov_greedy = ops.k.markov_greedy
+            self._lowrank = (ops.k, mh.markov_w2.weight.detach().t().contiguous())
 
         def fused(*lins: nn.Linear) -> Linear:
             bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
@@ -381,19 +379,19 @@ class DSparkDrafter(nn.Module):
             greedy = temperature <= 1e-5
             inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp_min(1e-5)).to(pdt)[:, None]
             probs = torch.empty(B, G, V, dtype=pdt, device=h.device)
-        local = torch.empty(B, G, dtype=torch.long, device=h.device)  # draft-vocab indices
-        prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
-        prev, state = anchor_ids, None
         lowrank = self._lowrank if (B <= 8 and pdt == torch.float32) else None
         if lowrank is not None and not sampling:
             vocab = self.draft_vocab if self.draft_vocab is not None else anchor_ids.new_empty(0)
-            local, prev_all = self._markov_greedy(by_pos, self.markov_head.markov_w1.weight, lowrank[1],
-                                                  anchor_ids.contiguous(), vocab)
+            local, prev_all = lowrank[0].markov_greedy(by_pos, self.markov_head.markov_w1.weight, lowrank[1],
+                                                       anchor_ids.contiguous(), vocab)
         else:
+            local = torch.empty(B, G, dtype=torch.long, device=h.device)  # draft-vocab indices
+            prev_all = torch.empty(B, G, dtype=torch.long, device=h.device)  # x_{k-1}, target ids
+            prev, state = anchor_ids, None
             for k in range(G):
                 lk = by_pos[k]
                 if lowrank is not None:
-                    lowrank[0](lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
+                    lowrank[0].add_lowrank_(lk, self.markov_head.markov_w1(prev).contiguous(), lowrank[1])
                 elif self.markov_head is not None:
                     bias, state = self.markov_head.step(prev, h[:, k], state)
                     lk += bias

@@ -91,6 +91,18 @@ inline void lowrank_chunk(const T* e, const T* w, int64_t R, int64_t V, int64_t 
   }
 }
 
+// Rotate-half rope of one head x [2 * half] into dst: the first half with (c_lo, s_lo), the second with (c_hi, s_hi)
+// (full-width tables pass their two halves, half tables the same pointers twice), in the accumulation type.
+template <typename T, typename C>
+inline void rope_row(const T* x, const C* c_lo, const C* s_lo, const C* c_hi, const C* s_hi, int64_t half, T* dst) {
+  using A = acc_t<T>;
+  for (int64_t i = 0; i < half; ++i) {
+    const A x1 = ld(x[i]), x2 = ld(x[i + half]);
+    dst[i] = st<T>(x1 * A(ld(c_lo[i])) - x2 * A(ld(s_lo[i])));
+    dst[i + half] = st<T>(x2 * A(ld(c_hi[i])) + x1 * A(ld(s_hi[i])));
+  }
+}
+
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -158,7 +170,6 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
   auto q_out = at::empty({T, H, D}, qkv.options());
   const int64_t* sp = slots.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_and_cache", [&] {
-    using A = acc_t<scalar_t>;
     const scalar_t* qp = qkv.data_ptr<scalar_t>();
     const scalar_t* cp = cos.data_ptr<scalar_t>();
     const scalar_t* snp = sin.data_ptr<scalar_t>();
@@ -178,10 +189,7 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
             rms_norm_row(x, norm_w, tmp.data(), D, eps);
             x = tmp.data();
           }
-          for (int64_t i = 0; i < half; ++i)
-            dst[i] = st<scalar_t>(ld(x[i]) * ld(c[i]) - ld(x[i + half]) * ld(s[i]));
-          for (int64_t i = half; i < D; ++i)
-            dst[i] = st<scalar_t>(ld(x[i]) * ld(c[i]) + ld(x[i - half]) * ld(s[i]));
+          rope_row(x, c, s, c + half, s + half, half, dst);
         };
         for (int64_t h = 0; h < H; ++h) rope(row + h * D, qn, qo + (t * H + h) * D);
         const int64_t slot = sp[t];
@@ -554,7 +562,6 @@ at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& norm_
   TORCH_CHECK(cos.numel() == rows * half && sin.numel() == rows * half, "cos/sin must be [rows, D/2]");
   auto out = at::empty({rows, H, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "norm_rope", [&] {
-    using A = acc_t<scalar_t>;
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = norm_w ? norm_w->data_ptr<scalar_t>() : nullptr;
     const float* cp = cos.data_ptr<float>();
@@ -572,11 +579,7 @@ at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& norm_
         const float* c = cp + r * half;
         const float* s = snp + r * half;
         scalar_t* dst = op + w * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const A x1 = ld(src[i]), x2 = ld(src[i + half]);
-          dst[i] = st<scalar_t>(x1 * A(c[i]) - x2 * A(s[i]));
-          dst[i + half] = st<scalar_t>(x2 * A(c[i]) + x1 * A(s[i]));
-        }
+        rope_row(src, c, s, c, s, half, dst);  // half tables: both halves rotate by the same angles
       }
     });
   });
