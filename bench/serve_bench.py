@@ -12,7 +12,7 @@ Metrics per level (vLLM's benchmark definitions):
     TPOT   (end-to-end - TTFT) / (output tokens - 1), per request
     throughput  output tokens / s and requests / s over the level's wall time
     goodput     requests / s meeting the SLO: TTFT < 2 s and TPOT < 200 ms (--slo-ttft-s, --slo-tpot-ms)
-HTTP vs in-process: the same prompts and params through LLMEngine (same engine config, in-process drafter), one at a
+HTTP vs in-process (for each app layout, --ingress-modes): the same prompts and params through LLMEngine (same engine config, in-process drafter), one at a
 time (latency) and all at once (throughput), and whether greedy texts match. Actor vs in-process drafter: the cost of
 one draft round (sync one new tap row per sequence + propose) for B sequences, in-process, through the actor's
 channel, and through a plain Ray actor call; each pair computes on the same core.
@@ -141,7 +141,7 @@ def summarize(results: list[dict], slo_ttft: float, slo_tpot: float) -> dict:
 # ----- the server under test ----------------------------------------------------------------------------------
 
 
-def start_local_app(engine_cfg, replicas: int) -> tuple[str, callable]:
+def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "separate") -> tuple[str, callable]:
     """A local Ray + the app on a free loopback port. Returns (base url, stop)."""
     import socket
 
@@ -155,7 +155,7 @@ def start_local_app(engine_cfg, replicas: int) -> tuple[str, callable]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = LLMServingConfig(engine=engine_cfg, num_replicas=replicas, served_model_name="bench",
-                              drafter_mode="actor" if engine_cfg.drafter else "none")
+                              drafter_mode="actor" if engine_cfg.drafter else "none", ingress_mode=ingress_mode)
     ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), object_store_memory=200 * 2**20,
              include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -401,6 +401,10 @@ def main() -> None:
     ap.add_argument("--slo-tpot-ms", type=float, default=200.0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the in-process runs: the replica's and the actor's (num_cpus 1 each)")
+    ap.add_argument("--ingress-modes", default="separate,in_replica",
+                    help="the app layouts compared with the in-process engine (ingress_mode); the load levels use "
+                         "the first")
+    ap.add_argument("--skip-levels", action="store_true", help="only the HTTP / in-process and actor comparisons")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -416,6 +420,7 @@ def main() -> None:
     q = args.quick
     conc = [int(c) for c in (args.concurrency or ("1,4" if q else "1,4,16,64")).split(",")]
     modes = args.modes.split(",")
+    ingress_modes = args.ingress_modes.split(",")
     max_tokens = args.max_tokens or (32 if q else 128)
     level_time = args.level_time_s or (60.0 if q else 180.0)
     prompts = [r["messages"] for r in load_prompts("heldout")]
@@ -433,7 +438,7 @@ def main() -> None:
         if urlparse(url).hostname not in LOOPBACK:
             raise SystemExit("serve_bench only talks to loopback servers")
     else:
-        url, stop = start_local_app(engine_cfg, args.replicas)
+        url, stop = start_local_app(engine_cfg, args.replicas, ingress_modes[0])
     import httpx
 
     info = httpx.get(f"{url}/stats", timeout=30).json()
@@ -445,7 +450,7 @@ def main() -> None:
                          "speculation": bool(info.get("speculation"))},
               "levels": {m: {} for m in modes}}
     try:
-        for c in conc:
+        for c in [] if args.skip_levels else conc:
             n = args.requests or (2 * c if q else max(8, 3 * c))
             for mode in modes:
                 t0 = time.perf_counter()
@@ -458,9 +463,14 @@ def main() -> None:
                       f"  {s['throughput_tok_s']:.1f} tok/s  goodput {s['goodput_req_s']:.2f} req/s"
                       f"  accept len {s['mean_acceptance_length']:.2f}", flush=True)
         k = 4 if q else 16  # the goal is stated at concurrency 16
-        result["http_vs_in_process"] = http_vs_in_process(url, engine_cfg, prompts[:k], max_tokens, "adaptive",
-                                                           2 if q else 5)
-        print("HTTP vs in-process:", json.dumps(result["http_vs_in_process"]), flush=True)
+        result["http_vs_in_process"] = {}
+        for i, layout in enumerate(ingress_modes if stop else ingress_modes[:1]):
+            if i:  # the next layout on a fresh local Ray
+                stop()
+                url, stop = start_local_app(engine_cfg, args.replicas, layout)
+            r = http_vs_in_process(url, engine_cfg, prompts[:k], max_tokens, "adaptive", 2 if q else 6)
+            result["http_vs_in_process"][layout] = r
+            print(f"HTTP ({layout}) vs in-process:", json.dumps(r), flush=True)
     finally:
         if stop:
             stop()

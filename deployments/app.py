@@ -11,18 +11,21 @@ from ray.serve import Application
 from deployments.config import LLMServingConfig
 from deployments.ingress import OpenAIIngressDeployment
 from deployments.metrics import MetricsHub
-from deployments.server import LLMDeployment
+from deployments.server import LLMDeployment, OpenAIServerDeployment
 
 MetricsHubDeployment = serve.deployment(MetricsHub, name="MetricsHub")
 
 
 def build_app(config: LLMServingConfig | None = None) -> Application:
-    """The OpenAI ingress in front of the LLM replicas (each with its own draft actor): `num_replicas` of them, or
-    as many as `llm.autoscaling_config` decides; plus the metrics hub every replica pushes its samples to."""
+    """The LLM replicas (each with its own draft actor): `num_replicas` of them, or as many as
+    `llm.autoscaling_config` decides, behind the OpenAI ingress deployment (ingress_mode 'separate') or serving the
+    OpenAI routes themselves ('in_replica'); plus the metrics hub every replica pushes its samples to."""
     config = config or LLMServingConfig()
     hub = None
     if config.metrics.enabled:
         hub = MetricsHubDeployment.options(**config.metrics_hub_options()).bind(config.metrics.stale_after_s)
+    if config.ingress_mode == "in_replica":
+        return OpenAIServerDeployment.options(**config.llm_deployment_options()).bind(config, hub)
     llm = LLMDeployment.options(**config.llm_deployment_options()).bind(config, hub)
     return OpenAIIngressDeployment.options(**config.ingress_deployment_options()).bind(llm, config, hub)
 

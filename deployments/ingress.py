@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+import inspect
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -159,6 +160,27 @@ async def _merge(gens) -> AsyncIterator[tuple[int, dict]]:
             t.cancel()
 
 
+class _LocalStream:
+    """LLMServer.stream run in this replica, with the `cancel()` of Serve's streaming response (which throws into
+    the generator where it waits, so its `finally` aborts the engine request)."""
+
+    def __init__(self, gen):
+        self.gen, self._next = gen, None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        self._next = asyncio.ensure_future(self.gen.__anext__())
+        return await self._next
+
+    def cancel(self) -> None:
+        if self._next is not None and not self._next.done():
+            self._next.cancel()
+        else:
+            asyncio.ensure_future(self.gen.aclose())
+
+
 class _Choice:
     """One choice of a request: its prompt, its engine call and what has been streamed so far."""
 
@@ -173,13 +195,16 @@ class _Choice:
 
 @serve.ingress(app)
 class OpenAIIngress:
-    def __init__(self, llm: DeploymentHandle, config: LLMServingConfig, metrics_hub: DeploymentHandle = None):
+    def __init__(self, llm, config: LLMServingConfig, metrics_hub: DeploymentHandle = None):
+        """`llm`: a DeploymentHandle of the LLM deployment, or an LLMServer in this replica (ingress_mode
+        'in_replica', deployments/server.py)."""
         from transformers import AutoTokenizer
 
         from engine.loader import resolve_model
 
         self.llm = llm
-        self.llm_stream = llm.options(stream=True)
+        self.local = not isinstance(llm, DeploymentHandle)
+        self.llm_stream = None if self.local else llm.options(stream=True)
         self.config = config
         self.limits = config.limits
         self.rate_limit = config.rate_limit
@@ -196,19 +221,40 @@ class OpenAIIngress:
             self.replica_id = "ingress"
         self.pusher = None
         if metrics_hub is not None and config.metrics.enabled:  # so every ingress replica's /metrics has them all
-            self.pusher = MetricsPusher(metrics_hub, self.replica_id, ingress_metrics().families,
+            self.pusher = MetricsPusher(metrics_hub, self.replica_id, self._live_families,
                                         config.metrics.push_interval_s)
 
     def __del__(self):
         if getattr(self, "pusher", None) is not None:
             self.pusher.stop()
 
+    def _live_families(self) -> list:
+        """This replica's own metrics: the ingress's (and, in one replica with the LLM server, the server's)."""
+        families = ingress_metrics().families()
+        return self.llm.metrics_families() + families if self.local else families
+
+    def _call(self, method: str, *args):
+        """LLMServer.<method>(*args) as an awaitable with `cancel()`: through the handle, or in this replica."""
+        if not self.local:
+            return getattr(self.llm, method).remote(*args)
+
+        async def run():
+            result = getattr(self.llm, method)(*args)
+            return await result if inspect.isawaitable(result) else result
+
+        return asyncio.ensure_future(run())
+
+    def _open_stream(self, *args):
+        if not self.local:
+            return self.llm_stream.stream.remote(*args)
+        return _LocalStream(self.llm.stream(*args))
+
     # ----- routes ------------------------------------------------------------------------------------------------
 
     @app.get("/health")
     async def health(self):
         try:
-            state = await asyncio.wait_for(self.llm.health.remote(), timeout=10)
+            state = await asyncio.wait_for(self._call("health"), timeout=10)
         except Exception as exc:
             raise APIError(503, f"no healthy LLM replica: {exc!r}")
         if not state["alive"]:
@@ -225,14 +271,14 @@ class OpenAIIngress:
                 sources = await asyncio.wait_for(self.metrics_hub.snapshot.remote(), timeout=5)
             except Exception as exc:  # serve what this replica has; the age gauge shows the others missing
                 log.warning("metrics hub unavailable: %r", exc)
-        sources = {**sources, self.replica_id: {"time": time.time(), "families": ingress_metrics().families()}}
+        sources = {**sources, self.replica_id: {"time": time.time(), "families": self._live_families()}}
         return Response(render(sources), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats(self):
         """Engine statistics of one replica (the one the router picks)."""
         try:
-            return await self.llm.stats.remote()
+            return await self._call("stats")
         except Exception as exc:
             raise _routing_error(exc) from exc
 
@@ -361,7 +407,7 @@ class OpenAIIngress:
     async def _engine_info(self) -> dict:
         if self._info is None:
             try:
-                self._info = await self.llm.info.remote()
+                self._info = await self._call("info")
             except Exception as exc:
                 raise APIError(503, f"no LLM replica is available: {exc!r}")
         return self._info
@@ -413,7 +459,7 @@ class OpenAIIngress:
     # ----- running ----------------------------------------------------------------------------------------------
 
     async def _run(self, rid: str, choices: list[_Choice]) -> list[dict]:
-        calls = [self.llm.generate.remote(f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
+        calls = [self._call("generate", f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
         try:
             results = await asyncio.gather(*calls)
         except BaseException as exc:
@@ -428,7 +474,7 @@ class OpenAIIngress:
         return results
 
     async def _stream(self, rid: str, req, choices: list[_Choice], chat: bool):
-        gens = [self.llm_stream.stream.remote(f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
+        gens = [self._open_stream(f"{rid}-{c.index}", c.prompt, c.params) for c in choices]
         try:
             # Every choice is admitted (or refused) before the response starts, so a full queue is a clean 429.
             firsts = await asyncio.gather(*[anext(g) for g in gens])

@@ -1,4 +1,6 @@
-"""The LLM deployment: one replica = one AsyncLLMEngine + its co-located draft actor.
+"""The LLM deployment: one replica = one AsyncLLMEngine + its co-located draft actor. With ingress_mode 'separate'
+(the default) an ingress deployment in front calls it through a handle (LLMServer); with 'in_replica' each replica
+serves the OpenAI routes itself (OpenAIServer).
 
 Serve creates each replica inside its own placement group (LLMServingConfig.llm_deployment_options); the replica
 creates its draft actor in bundle 0 of that group, so the actor lands on the replica's node and, with fractional
@@ -23,6 +25,7 @@ import torch
 from ray import serve
 
 from deployments.config import LLMServingConfig
+from deployments.ingress import OpenAIIngress
 from draft_service.actor import DraftServiceProxy
 from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
@@ -88,7 +91,7 @@ class LLMServer:
         engine = LLMEngine(engine_cfg, draft_service=proxy)
         if drafter_error:
             engine.drafter_error = drafter_error
-        self.engine = AsyncLLMEngine(engine)
+        self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
         self.max_model_len = engine.max_model_len
         self.speculation = engine.speculator is not None
         self.drafter_error = engine.drafter_error
@@ -244,13 +247,16 @@ class LLMServer:
         if not self.engine.is_alive:
             raise RuntimeError(f"engine is not running: {self.engine.dead_reason}")
 
-    def __del__(self):
+    def shutdown(self) -> None:
         pusher = getattr(self, "pusher", None)
         if pusher is not None:
             pusher.stop()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(timeout=5)
+
+    def __del__(self):
+        self.shutdown()
 
 
 def _replica_id() -> str:
@@ -269,3 +275,33 @@ def _assigned_cpus() -> int:
 
 
 LLMDeployment = serve.deployment(LLMServer, name="LLMServer")
+
+
+class OpenAIServer(OpenAIIngress):
+    """ingress_mode 'in_replica': one replica serves the OpenAI routes and runs the LLM server (engine, draft actor)
+    itself, so Serve's proxy routes HTTP straight to the LLM replicas: a streamed delta crosses one process boundary
+    (replica -> proxy) instead of two, and no ingress process competes with the engines for CPU."""
+
+    async def __init__(self, config: LLMServingConfig, metrics_hub=None):
+        await super().__init__(LLMServer(config), config, metrics_hub)  # one pusher: the server's and the routes'
+
+    # What Serve, operators and tests call on an LLM replica (`stats` is the ingress's route, with the same answer).
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.llm.record_autoscaling_stats()
+
+    def check_health(self) -> None:
+        self.llm.check_health()
+
+    def info(self) -> dict:
+        return self.llm.info()
+
+    async def placement(self) -> dict:
+        return await self.llm.placement()
+
+    async def __del__(self):  # Serve's ingress wrapper has an async __del__ (the ASGI lifespan's shutdown)
+        await super().__del__()
+        self.llm.shutdown()
+
+
+# Named as the separate layout's LLM deployment: either way "LLMServer" is the deployment whose replicas hold engines.
+OpenAIServerDeployment = serve.deployment(OpenAIServer, name="LLMServer")

@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -122,8 +123,12 @@ def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, thread_nice: int | None = None):
+        """`thread_nice`: the engine thread's nice value (lower runs first; below 0 needs CAP_SYS_NICE, and without
+        it the thread keeps the default priority). A server's other work (its event loop, Serve's proxy, other
+        processes) then preempts the engine less."""
         self.engine = engine
+        self.thread_nice = thread_nice
         self._cond = threading.Condition()
         self._inbox: list[tuple] = []
         self._requests: dict[str, _Request] = {}  # engine thread only: admitted, unfinished requests
@@ -201,7 +206,16 @@ class AsyncLLMEngine:
 
     # ----- the engine thread --------------------------------------------------------------------------------------
 
+    def _set_priority(self) -> None:
+        if self.thread_nice is None:
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.thread_nice)  # this thread only (Linux)
+        except (OSError, AttributeError) as exc:
+            log.warning("engine thread keeps its priority (nice %d not permitted: %s)", self.thread_nice, exc)
+
     def _run(self) -> None:
+        self._set_priority()
         try:
             while True:
                 with self._cond:

@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                                            if args.max_num_seqs else {}))
     config = LLMServingConfig(engine=engine, num_replicas=args.replicas,
                               drafter_mode="none" if engine.drafter is None else args.drafter_mode,
-                              served_model_name=args.served_model_name)
+                              served_model_name=args.served_model_name, ingress_mode=args.ingress_mode)
 
     def stop(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--replicas", type=int, default=1)
     srv.add_argument("--drafter-mode", default="actor", choices=["actor", "in_process", "none"],
                      help="actor: a co-located draft actor per replica; in_process: inside the engine")
+    srv.add_argument("--ingress-mode", default="separate", choices=["separate", "in_replica"],
+                     help="separate: an ingress deployment in front of the replicas; in_replica: each replica "
+                          "serves HTTP itself (faster, but a replica that dies cuts its streams)")
     srv.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     srv.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the local Ray (default: all)")
     srv.add_argument("--max-num-seqs", type=int, default=None)

@@ -2,7 +2,8 @@
 answers equal to the in-process engine, speculative metrics, bad input -> 4xx in OpenAI's error shape, a full queue
 -> 429, and client disconnects freeing the engine's KV blocks and draft contexts.
 
-One module-scoped local Ray cluster, one app on a free port, tiny random models (float64, so greedy comparisons are
+One module-scoped local Ray cluster per layout (the LLM replica behind an ingress deployment, or serving HTTP
+itself), one app on a free port, tiny random models (float64, so greedy comparisons are
 exact) and a tiny random drafter in a co-located draft actor with `fixed:3` speculation, so speculation really runs.
 """
 from __future__ import annotations
@@ -35,8 +36,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, default_tokenizer):
+@pytest.fixture(scope="module", params=["in_replica", "separate"])
+def server(request, tmp_path_factory, default_tokenizer):
+    """Both layouts: an ingress deployment in front of the LLM replica (the default), and the replica serving HTTP
+    itself."""
     from ray import serve
 
     from deployments.app import build_app
@@ -48,6 +51,7 @@ def server(tmp_path_factory, default_tokenizer):
                               drafter=str(drafter), speculation="fixed:3", max_num_seqs=2, max_waiting=4,
                               max_num_batched_tokens=128)
     config = LLMServingConfig(engine=engine_cfg, served_model_name="tiny", drafter_mode="actor",
+                              ingress_mode=request.param,
                               limits=RequestLimits(max_body_bytes=64 * 1024, max_n=4, max_stop=4, max_tokens=2048))
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=8, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
@@ -126,6 +130,26 @@ def test_routes_models_health(client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
     assert models["data"][0]["max_model_len"] == 1024
+
+
+def test_metrics_route_has_the_replica_and_the_http_routes(client):
+    """/metrics has the engine replica's samples and the HTTP routes' counters in either layout (in_replica: one
+    snapshot per replica holding both)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert client.get("/health").status_code == 200
+    deadline = time.monotonic() + 20
+    while True:
+        r = client.get("/metrics")
+        assert r.status_code == 200
+        samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(r.text) for s in f.samples]
+        engines = {lab["replica"] for n, lab, _ in samples if n == "dspark:speculation_enabled"}
+        health = sum(v for n, lab, v in samples if n == "dspark:http_requests_total" and lab.get("route") == "/health")
+        if engines and health >= 1:
+            break
+        assert time.monotonic() < deadline, f"/metrics lacks the replica or the HTTP counters: {engines}, {health}"
+        time.sleep(0.3)
+    assert len(engines) == 1 and all(v == 1 for n, _, v in samples if n == "dspark:speculation_enabled")
 
 
 @pytest.mark.parametrize("prompt", ["Hello there", "The capital of France is", [5, 17, 300, 42]])

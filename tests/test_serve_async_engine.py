@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -220,3 +221,16 @@ def test_idle_engine_thread_sleeps(aengine):
     stats = aengine.stats()
     assert {"num_running", "num_waiting", "kv_usage", "kv_blocks_used", "steps", "spec", "alive"} <= set(stats)
     assert stats["speculation"] and stats["spec"]["draft_rounds"] > 0 and stats["alive"]
+
+
+def test_engine_thread_runs_at_the_requested_nice_value(engine):
+    a = AsyncLLMEngine(engine, thread_nice=7)  # raising nice needs no privilege
+    try:
+        thread = next(t for t in threading.enumerate() if t.name == "llm-engine" and t.is_alive())
+        deadline = time.monotonic() + 5
+        while os.getpriority(os.PRIO_PROCESS, thread.native_id) != 7:
+            assert time.monotonic() < deadline, "the engine thread's nice value was not set"
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 7  # the caller's thread is untouched
+    finally:
+        a.shutdown()

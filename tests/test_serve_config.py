@@ -116,3 +116,12 @@ def test_autoscaling_config_is_checked():
     opts = LLMServingConfig(llm=DeploymentOptions(autoscaling_config={"min_replicas": 1, "max_replicas": 3,
                                                                       "upscale_delay_s": 5})).llm_deployment_options()
     assert opts["autoscaling_config"]["upscale_delay_s"] == 5 and "num_replicas" not in opts
+
+
+def test_ingress_options_only_with_the_separate_ingress():
+    assert LLMServingConfig().ingress_mode == "separate"
+    LLMServingConfig(ingress_mode="in_replica", num_replicas=2)
+    with pytest.raises(ValidationError, match="in_replica"):
+        LLMServingConfig(ingress_mode="in_replica", ingress_replicas=2)
+    with pytest.raises(ValidationError):
+        LLMServingConfig(ingress_mode="nowhere")

@@ -651,14 +651,17 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm", &add_rms_norm);
-  m.def("argmax_rows", &argmax_rows);
-  m.def("add_lowrank_", &add_lowrank_);
-  m.def("markov_greedy", &markov_greedy);
-  m.def("norm_rope", &norm_rope);
-  m.def("rope_and_cache", &rope_and_cache);
-  m.def("paged_attention", &paged_attention);
-  m.def("silu_mul", &silu_mul);
+  // The GIL is released while a kernel runs (as torch's own ops do), so a server's event-loop thread can work beside
+  // the engine thread instead of waiting for it and then holding it up.
+  using release_gil = py::call_guard<py::gil_scoped_release>;
+  m.def("rms_norm", &rms_norm, release_gil());
+  m.def("add_rms_norm", &add_rms_norm, release_gil());
+  m.def("argmax_rows", &argmax_rows, release_gil());
+  m.def("add_lowrank_", &add_lowrank_, release_gil());
+  m.def("markov_greedy", &markov_greedy, release_gil());
+  m.def("norm_rope", &norm_rope, release_gil());
+  m.def("rope_and_cache", &rope_and_cache, release_gil());
+  m.def("paged_attention", &paged_attention, release_gil());
+  m.def("silu_mul", &silu_mul, release_gil());
   m.def("paired_keys", [] { return kPairedKeys; }, "whether bf16 K caches can use the dim-paired layout");
 }
