@@ -302,15 +302,15 @@ class MetricsPusher:
 # ----- load signals and process numbers ----------------------------------------------------------------------------
 
 
-def process_rss_bytes() -> float:
+def process_rss_bytes(pid: int | str = "self") -> float:
     try:
-        with open("/proc/self/statm") as f:
+        with open(f"/proc/{pid}/statm") as f:
             return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
     except (OSError, ValueError, IndexError):
         try:
             import psutil
 
-            return float(psutil.Process().memory_info().rss)
+            return float(psutil.Process(None if pid == "self" else int(pid)).memory_info().rss)
         except Exception:
             return 0.0
 

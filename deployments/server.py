@@ -26,10 +26,11 @@ from ray import serve
 
 from deployments.config import LLMServingConfig
 from deployments.ingress import OpenAIIngress
-from draft_service.actor import DraftServiceProxy
+from draft_service.actor import DraftServiceProxy, RayLocator
 from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
+from engine.engine_process import EngineProcess
 from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -78,23 +79,37 @@ class LLMServer:
         # Named, so an operator (or a fault-injection test) can find this replica's draft actor: ray.get_actor(name,
         # namespace). The suffix keeps two LLMServers of one process (tests) apart.
         self.draft_actor_name = f"dspark-draft:{self.replica_id}:{uuid.uuid4().hex[:8]}"
-        proxy, drafter_error = None, None
+        draft, drafter_error = None, None
         if config.uses_draft_actor:
             try:
-                proxy = self._start_draft_actor(config)
+                draft = self._start_draft_actor(config)
             except Exception as exc:  # serve without speculation, and say why (as the engine does in-process)
                 drafter_error = f"draft actor for drafter {config.engine.drafter!r} could not start: {exc}"
                 log.error("%s; serving without speculation", drafter_error)
                 if self.draft_actor is not None:
                     ray.kill(self.draft_actor)
                     self.draft_actor = None
-        engine = LLMEngine(engine_cfg, draft_service=proxy)
-        if drafter_error:
-            engine.drafter_error = drafter_error
-        self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
-        self.max_model_len = engine.max_model_len
-        self.speculation = engine.speculator is not None
-        self.drafter_error = engine.drafter_error
+        if config.engine_process:
+            # The engine steps in a child process, so this process's event loops never hold its GIL.
+            self.engine = EngineProcess(engine_cfg, self.draft_actor, draft, thread_nice=config.engine_thread_nice,
+                                        torch_threads=threads, drafter_error=drafter_error,
+                                        startup_timeout_s=config.draft_actor.startup_timeout_s)
+            info = self.engine.info
+        else:
+            proxy = None
+            if draft is not None:
+                proxy = DraftServiceProxy.connect(draft["info"], RayLocator(self.draft_actor), draft["device"],
+                                                  draft["timeout_s"])
+            engine = LLMEngine(engine_cfg, draft_service=proxy)
+            if drafter_error:
+                engine.drafter_error = drafter_error
+            self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
+            info = {"max_model_len": engine.max_model_len, "vocab_size": engine.model.vocab_size,
+                    "speculation": engine.speculator is not None, "drafter_error": engine.drafter_error}
+        self.max_model_len = info["max_model_len"]
+        self.vocab_size = info["vocab_size"]
+        self.speculation = info["speculation"]
+        self.drafter_error = info["drafter_error"]
         self.metrics = ReplicaMetrics()
         self._draft_contexts_live = 0.0
         self._actor_stats_ref = None
@@ -105,7 +120,9 @@ class LLMServer:
         log.info("LLM replica ready: %s, speculation %s%s", config.model_name, self.speculation,
                  f" ({self.drafter_error})" if self.drafter_error else "")
 
-    def _start_draft_actor(self, config: LLMServingConfig):
+    def _start_draft_actor(self, config: LLMServingConfig) -> dict:
+        """Start this replica's draft actor; returns what an engine needs to reach it: the actor's info (its socket
+        address among it), the engine's device and the step timeout."""
         from transformers import AutoConfig
 
         from draft_service.actor import draft_context_tokens, start_draft_actor
@@ -122,8 +139,8 @@ class LLMServer:
             draft_context_tokens(target, ec, dtype, device), num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
             max_restarts=opts.max_restarts, num_threads=opts.num_threads, name=self.draft_actor_name,
             placement_group=ray.util.get_current_placement_group(), bundle_index=0)
-        return DraftServiceProxy(self.draft_actor, device=device, timeout_s=opts.step_timeout_s,
-                                   startup_timeout_s=opts.startup_timeout_s)
+        info = ray.get(self.draft_actor.info.remote(), timeout=opts.startup_timeout_s)  # raises if it cannot start
+        return {"info": info, "device": str(device), "timeout_s": opts.step_timeout_s}
 
     # ----- requests -------------------------------------------------------------------------------------------
 
@@ -170,7 +187,7 @@ class LLMServer:
 
     def info(self) -> dict:
         return {"model": self.config.model_name, "max_model_len": self.max_model_len,
-                "vocab_size": self.engine.engine.model.vocab_size,
+                "vocab_size": self.vocab_size,
                 "speculation": self.speculation, "drafter_error": self.drafter_error,
                 "drafter_mode": self.config.drafter_mode}
 
@@ -217,10 +234,17 @@ class LLMServer:
         stats = self.engine.stats()
         gauges = ReplicaMetrics.gauge_values(stats, stats["load"],
                                              draft_contexts_live=self._poll_draft_contexts(),
-                                             rss_bytes=process_rss_bytes())
+                                             rss_bytes=self._rss_bytes())
         if self.ray_gauges is not None:
             self.ray_gauges.set(gauges)
         return self.metrics.families(stats, gauges)
+
+    def _rss_bytes(self) -> float:
+        """This replica's resident memory: its process, plus its engine process."""
+        rss = process_rss_bytes()
+        if isinstance(self.engine, EngineProcess) and self.engine.is_alive:
+            rss += process_rss_bytes(self.engine.pid)
+        return rss
 
     def _poll_draft_contexts(self) -> float:
         """Live draft contexts: from the draft actor (one stats call in flight at a time, never awaited here), or
@@ -238,6 +262,8 @@ class LLMServer:
             if self._actor_stats_ref is None:
                 self._actor_stats_ref = self.draft_actor.stats.remote()
             return self._draft_contexts_live
+        if isinstance(self.engine, EngineProcess):
+            return float(self.engine.stats().get("draft_contexts_live", 0))
         spec = getattr(self.engine.engine, "speculator", None)
         pool = getattr(getattr(spec, "service", None), "pool", None)
         return float(getattr(pool, "num_live_contexts", 0) or 0)

@@ -233,25 +233,55 @@ def start_draft_actor(drafter_dir: str, target_dir: str, dtype: str, device: str
                                                     max_context_tokens, num_threads or max(1, int(num_cpus)))
 
 
+class RayLocator:
+    """Finds the draft actor again after a failure: a ping that Ray retries while the actor restarts."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self.pending = None
+
+    def start(self) -> None:
+        self.pending = self.actor.ping.options(max_task_retries=-1).remote()
+
+    def poll(self) -> dict | None:
+        """Where the actor listens now, or None while it is restarting; raises if it is gone for good."""
+        import ray
+
+        done, _ = ray.wait([self.pending], timeout=0)
+        return ray.get(self.pending) if done else None
+
+
 class DraftServiceProxy:
     """What the engine holds instead of a DraftService: `LLMEngine(config, draft_service=DraftServiceProxy(actor))`.
-    Called only from the engine thread."""
+    Called only from the engine thread. `DraftServiceProxy.connect(info, locator)` builds one without Ray (an engine
+    in a process of its own, engine/engine_process.py), from the actor's `info` and a locator for reconnects."""
 
     def __init__(self, actor, device: str | torch.device = "cpu", timeout_s: float = 30.0,
                  startup_timeout_s: float = 600.0):
         import ray
 
+        info = ray.get(actor.info.remote(), timeout=startup_timeout_s)  # raises if the actor could not start
+        self._setup(info, RayLocator(actor), device, timeout_s)
         self.actor = actor
+
+    @classmethod
+    def connect(cls, info: dict, locator, device: str | torch.device = "cpu",
+                timeout_s: float = 30.0) -> DraftServiceProxy:
+        proxy = cls.__new__(cls)
+        proxy._setup(info, locator, device, timeout_s)
+        return proxy
+
+    def _setup(self, info: dict, locator, device, timeout_s: float) -> None:
+        self.locator = locator
         self.device = torch.device(device)
         self.timeout_s = timeout_s
-        info = ray.get(actor.info.remote(), timeout=startup_timeout_s)  # raises if the actor could not start
         self.info = {k: v for k, v in info.items() if k not in ("draft_vocab", "authkey", "address")}
         self.gamma: int = info["gamma"]
         self.vocab_size: int = info["vocab_size"]
         self.tap_layers: list[int] = list(info["tap_layers"])
         vocab = info["draft_vocab"]
         self._draft_vocab = None if vocab is None else vocab.to(self.device)
-        self._pending_ping = None  # set after a failure: the actor is usable again once this resolves
+        self._locating = False  # after a failure: usable again once the locator finds the actor
         self._released: list[str] = []  # not yet delivered to the actor
         self.failures = 0
         self._connect(info)
@@ -263,23 +293,19 @@ class DraftServiceProxy:
         self.channel = Channel.connect(where["address"], where["authkey"])
 
     def _ready(self) -> None:
-        import ray
-
-        if self._pending_ping is None:
+        if not self._locating:
             return
-        done, _ = ray.wait([self._pending_ping], timeout=0)
-        if not done:
-            raise DraftActorUnavailable("the draft actor is restarting")
         try:
-            self._connect(ray.get(self._pending_ping))
+            where = self.locator.poll()
+            if where is None:
+                raise DraftActorUnavailable("the draft actor is restarting")
+            self._connect(where)
+        except DraftActorUnavailable:
+            raise
         except Exception as exc:
-            self._pending_ping = self._ping()  # dead for good: this fails fast every time
+            self.locator.start()  # dead for good: this fails fast every time
             raise DraftActorUnavailable(f"the draft actor is unavailable: {exc}") from exc
-        self._pending_ping = None
-
-    def _ping(self):
-        # Retried by Ray while the actor restarts, so it resolves once the new incarnation is up.
-        return self.actor.ping.options(max_task_retries=-1).remote()
+        self._locating = False
 
     def _call(self, op: str, *args):
         self._ready()
@@ -291,7 +317,8 @@ class DraftServiceProxy:
             self._released = released + self._released
             self.failures += 1
             self.channel.close()
-            self._pending_ping = self._ping()
+            self._locating = True
+            self.locator.start()
             raise
         if status == "error":  # raised by the service (e.g. a context it lost); the link is fine
             raise value
@@ -310,7 +337,7 @@ class DraftServiceProxy:
     def release(self, keys: list[str]) -> None:
         """Frees the contexts now, or, while the actor is unreachable, with the next call that reaches it."""
         self._released.extend(keys)
-        if self._pending_ping is None and self._released:
+        if not self._locating and self._released:
             self._call("release")
 
     def stats(self) -> dict:

@@ -127,7 +127,7 @@ def test_engine_survives_the_actor_dying_and_rebuilds_contexts(ray_cluster, mode
         elif events.get("killed") and spec.counters.fallbacks and "back" not in events:
             # The failed call (dead actor, or a new incarnation refusing the lost contexts) fell back to plain
             # decoding. Wait for the new incarnation, then let the speculator retry now rather than in 5 s.
-            ray.wait([proxy._pending_ping], timeout=120)
+            ray.wait([proxy.locator.pending], timeout=120)
             assert ray.get(actor.ping.remote(), timeout=120)["incarnation"] != first
             events["back"] = spec.counters.draft_rounds
             spec.disabled_until = 0.0
