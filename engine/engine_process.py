@@ -149,6 +149,7 @@ class EngineProcess(AsyncLLMEngine):
         kind = message[0]
         if kind == "outputs":
             _, outputs, stats = message
+            self._stats = stats  # before the outputs: a consumer that sees its last delta sees this step's stats
             for out in outputs:
                 with self._lock:
                     req = self._requests.get(out.request_id)
@@ -156,7 +157,6 @@ class EngineProcess(AsyncLLMEngine):
                         del self._requests[out.request_id]
                 if req is not None:
                     _deliver(req, out)
-            self._stats = stats
         elif kind == "admitted":
             _, rid, exc = message
             with self._lock:
