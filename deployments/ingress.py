@@ -4,7 +4,8 @@ this deployment's limits).
 
 It rate-limits clients (LLMServingConfig.rate_limit, off by default), validates and tokenizes requests (the chat
 template comes from the tokenizer), enforces the request limits, and talks to the LLM replicas through a
-DeploymentHandle: one call per choice, streaming calls for SSE. Every error is
+DeploymentHandle: one call per choice, streaming calls for SSE. With ingress_mode 'in_replica' the same class runs
+inside each LLM replica (deployments/server.py, OpenAIServer) and calls its LLMServer in process instead. Every error is
 `{"error": {"message", "type", "param", "code"}}` (ASCII JSON) with a 4xx/5xx status, including errors nobody
 foresaw (500) and a replica dying under a request (503; inside a stream: an error event, then [DONE]); the server
 keeps serving.
@@ -13,10 +14,10 @@ keeps serving.
 # rebuilds the route methods with a snapshot of the globals they use, taken when the class is decorated, and FastAPI
 # must see the real `Request` annotation.
 import asyncio
+import inspect
 import json
 import logging
 import time
-import inspect
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
