@@ -59,7 +59,7 @@ def report(record_property, name: str, result: dict) -> None:
 
 
 def test_draft_actor_killed_mid_generation_falls_back_then_resumes(env, record_property):
-    result = rel.check_draft_actor_kill(env.app, env.target, max_tokens=700, concurrency=2, timeout_s=150)
+    result = rel.check_draft_actor_kill(env.app, env.target, max_tokens=700, concurrency=3, timeout_s=150)
     report(record_property, "draft_actor_kill", result)
     assert result["problems"] == [], result["problems"]
     assert result["identical"] == result["completed"] == result["requests"] >= 3
