@@ -29,7 +29,8 @@ from deployments.ingress import OpenAIIngress
 from draft_service.actor import DraftServiceProxy, RayLocator
 from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
-from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
+from engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError,
+                                 engine_info)
 from engine.engine_process import EngineProcess
 from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -104,8 +105,7 @@ class LLMServer:
             if drafter_error:
                 engine.drafter_error = drafter_error
             self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
-            info = {"max_model_len": engine.max_model_len, "vocab_size": engine.model.vocab_size,
-                    "speculation": engine.speculator is not None, "drafter_error": engine.drafter_error}
+            info = engine_info(engine)
         self.max_model_len = info["max_model_len"]
         self.vocab_size = info["vocab_size"]
         self.speculation = info["speculation"]
@@ -248,7 +248,7 @@ class LLMServer:
 
     def _poll_draft_contexts(self) -> float:
         """Live draft contexts: from the draft actor (one stats call in flight at a time, never awaited here), or
-        from the in-process draft service (a read of its pool size)."""
+        from the in-process draft service (its pool size, in the engine's published stats)."""
         if self.draft_actor is not None:
             ref = self._actor_stats_ref
             if ref is not None:
@@ -262,11 +262,7 @@ class LLMServer:
             if self._actor_stats_ref is None:
                 self._actor_stats_ref = self.draft_actor.stats.remote()
             return self._draft_contexts_live
-        if isinstance(self.engine, EngineProcess):
-            return float(self.engine.stats().get("draft_contexts_live", 0))
-        spec = getattr(self.engine.engine, "speculator", None)
-        pool = getattr(getattr(spec, "service", None), "pool", None)
-        return float(getattr(pool, "num_live_contexts", 0) or 0)
+        return float(self.engine.stats().get("draft_contexts_live", 0))
 
     def check_health(self) -> None:
         """Serve's health check: a dead engine thread gets this replica replaced."""

@@ -35,6 +35,32 @@ def release_free_heap() -> bool:
     return True
 
 
+def set_nice(nice: int | None) -> None:
+    """Give the calling thread (and the threads it starts later) this nice value; lower runs first, and below 0
+    needs CAP_SYS_NICE: without it the thread keeps its priority, with a warning."""
+    if nice is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # this thread only (Linux)
+    except (OSError, AttributeError) as exc:
+        log.warning("the engine keeps its priority (nice %d not permitted: %s)", nice, exc)
+
+
+def engine_info(engine: LLMEngine) -> dict:
+    """What a server needs from the engine object itself."""
+    return {"max_model_len": engine.max_model_len, "vocab_size": engine.model.vocab_size,
+            "speculation": engine.speculator is not None, "drafter_error": engine.drafter_error}
+
+
+def published_stats(engine: LLMEngine, in_flight: int, dead: str | None) -> dict:
+    """The stats a server reads between steps: the engine's, without the draft-service call (a round trip with a
+    draft actor, too slow for every step; LLMServer.stats asks the actor itself), plus the wrapper's own keys and
+    the live contexts of an in-process draft service."""
+    pool = getattr(getattr(engine.speculator, "service", None), "pool", None)
+    return {**engine.stats(service=False), "in_flight": in_flight, "alive": dead is None, "dead_reason": dead,
+            "time": time.time(), "draft_contexts_live": getattr(pool, "num_live_contexts", 0) or 0}
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (shutdown or repeated step failures); the request cannot run here."""
 
@@ -206,16 +232,8 @@ class AsyncLLMEngine:
 
     # ----- the engine thread --------------------------------------------------------------------------------------
 
-    def _set_priority(self) -> None:
-        if self.thread_nice is None:
-            return
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.thread_nice)  # this thread only (Linux)
-        except (OSError, AttributeError) as exc:
-            log.warning("engine thread keeps its priority (nice %d not permitted: %s)", self.thread_nice, exc)
-
     def _run(self) -> None:
-        self._set_priority()
+        set_nice(self.thread_nice)
         try:
             while True:
                 with self._cond:
@@ -297,10 +315,7 @@ class AsyncLLMEngine:
             _deliver(req, exc)
 
     def _publish_stats(self) -> None:
-        # Without the draft-service call (a Ray round trip with a draft actor, too slow for every step;
-        # LLMServer.stats asks the actor itself), plus this wrapper's own keys.
-        self._stats = {**self.engine.stats(service=False), "in_flight": len(self._requests),
-                       "alive": self._dead is None, "dead_reason": self._dead, "time": time.time()}
+        self._stats = published_stats(self.engine, len(self._requests), self._dead)
 
 
 def _call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:

@@ -23,12 +23,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 
 from engine.async_engine import (IDLE_PUBLISH_S, MAX_CONSECUTIVE_STEP_FAILURES, AsyncLLMEngine, EngineDeadError,
-                                 EngineStepError, RequestAbortedError, _deliver, _Request, _resolve,
-                                 release_free_heap)
+                                 EngineStepError, RequestAbortedError, _deliver, _Request, _resolve, engine_info,
+                                 published_stats, release_free_heap, set_nice)
 
 log = logging.getLogger(__name__)
 
@@ -221,11 +220,7 @@ class _ParentLocator:
 def _child_main(fd: int) -> None:
     conn = Connection(fd)
     config, draft_info, thread_nice, torch_threads, drafter_error = pickle.loads(conn.recv_bytes())
-    if thread_nice is not None:  # first, so that torch's worker threads inherit it
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, thread_nice)
-        except OSError as exc:
-            log.warning("engine process keeps its priority (nice %d not permitted: %s)", thread_nice, exc)
+    set_nice(thread_nice)  # first, so that torch's worker threads inherit it
     import torch
 
     from engine.llm_engine import LLMEngine
@@ -247,10 +242,7 @@ def _child_main(fd: int) -> None:
         conn.send(("start_failed", f"{type(exc).__name__}: {exc}"))
         return
     core = _Core(engine, conn, locator)
-    conn.send(("ready", {"info": {"max_model_len": engine.max_model_len, "vocab_size": engine.model.vocab_size,
-                                  "speculation": engine.speculator is not None,
-                                  "drafter_error": engine.drafter_error},
-                         "stats": core.stats()}))
+    conn.send(("ready", {"info": engine_info(engine), "stats": core.stats()}))
     core.run()
 
 
@@ -265,10 +257,7 @@ class _Core:
         self.trimmed = True
 
     def stats(self) -> dict:
-        spec = self.engine.speculator
-        pool = getattr(getattr(spec, "service", None), "pool", None)
-        return {**self.engine.stats(service=False), "in_flight": len(self.live), "alive": True, "dead_reason": None,
-                "time": time.time(), "draft_contexts_live": getattr(pool, "num_live_contexts", 0) or 0}
+        return published_stats(self.engine, len(self.live), None)
 
     def run(self) -> None:
         try:

@@ -69,6 +69,10 @@ def test_admission_errors_cancel_and_abort(proc):
             await proc.add_request("q-full", "Hello", LONG)
         first = streams[0].__aiter__()
         await first.__anext__()
+        deadline = time.monotonic() + 10  # the child's in-process drafter holds their contexts, and says so
+        while proc.stats()["draft_contexts_live"] < 1:
+            assert time.monotonic() < deadline, proc.stats()
+            await asyncio.sleep(0.05)
         proc.abort("q0")
         with pytest.raises(RequestAbortedError):
             async for _ in first:
@@ -78,7 +82,7 @@ def test_admission_errors_cancel_and_abort(proc):
 
     asyncio.run(main())
     deadline = time.monotonic() + 10
-    while proc.stats()["num_running"] or proc.stats()["num_waiting"] or proc.stats()["kv_blocks_used"]:
+    while any(proc.stats()[k] for k in ("num_running", "num_waiting", "kv_blocks_used", "draft_contexts_live")):
         assert time.monotonic() < deadline, proc.stats()
         time.sleep(0.05)
 
