@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -96,6 +97,7 @@ inline void lowrank_chunk(const T* e, const T* w, int64_t R, int64_t V, int64_t 
 template <typename T, typename C>
 inline void rope_row(const T* x, const C* c_lo, const C* s_lo, const C* c_hi, const C* s_hi, int64_t half, T* dst) {
   using A = acc_t<T>;
+  _Pragma("omp simd")
   for (int64_t i = 0; i < half; ++i) {
     const A x1 = ld(x[i]), x2 = ld(x[i + half]);
     dst[i] = st<T>(x1 * A(ld(c_lo[i])) - x2 * A(ld(s_lo[i])));
@@ -258,43 +260,222 @@ inline void prefetch_lines(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
-// Scores of one (sequence, KV head) from paired bf16 keys: scores[r, blk * BS + j] = scale * sum_d q[r, d] K[d, j].
-inline void paired_scores(const c10::BFloat16* qp, const c10::BFloat16* kc, const int64_t* table, int64_t q0,
-                          int64_t qn, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS,
-                          int64_t nblocks, int64_t Lp, float scale, float* scores) {
+// Softmax numerators of `rows` score rows over their visible keys 0 .. limit[r] (the rest set to 0); 1 / sum goes
+// to inv_sum and is applied to the output.
+template <typename A>
+inline void softmax_rows(A* scores, const int64_t* limit, int64_t rows, int64_t Lp, A* inv_sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    A* sr = scores + r * Lp;
+    const int64_t n = limit[r] + 1;
+    A m = sr[0];
+    _Pragma("omp simd reduction(max : m)")
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
+    A sum = 0;
+    _Pragma("omp simd reduction(+ : sum)")
+    for (int64_t j = 0; j < n; ++j) {
+      sr[j] = exp_nonpos(sr[j] - m);
+      sum += sr[j];
+    }
+    for (int64_t j = n; j < Lp; ++j) sr[j] = A(0);
+    inv_sum[r] = A(1) / sum;
+  }
+}
+
+#if defined(__AVX512F__)
+// Register-blocked attention for one (sequence, KV head), bf16 with paired keys or fp32 with transposed keys: the
+// query rows of a head go through each K or V load together, with their accumulators in registers.
+inline __m512 load16(const c10::BFloat16* p) {  // widened to fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline void store16(c10::BFloat16* p, __m512 v) {  // round to nearest even, as st<BFloat16>
 #if defined(__AVX512BF16__)
-  const int64_t pairs = D / 2, rows = qn * G;
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const uint16_t* kt = reinterpret_cast<const uint16_t*>(kc + (table[blk] * Hkv + kh) * D * BS);
-    if (blk + kPrefetchBlocks < nblocks)
-      prefetch_lines(kc + (table[blk + kPrefetchBlocks] * Hkv + kh) * D * BS, D * BS * 2);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r / G, g = r % G;
-      // Two query dims per 32-bit word, low half first, as vdpbf16ps pairs them.
-      const uint32_t* qw = reinterpret_cast<const uint32_t*>(qp + ((q0 + i) * H + kh * G + g) * D);
-      float* dst = scores + r * Lp + blk * BS;
-      for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
-        // Four independent accumulation chains over the dim pairs (D / 2 is a multiple of 8).
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t p = 0; p < pairs; p += 4) {
-          const uint16_t* kp = kt + (p * BS + j0) * 2;
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qw[p]), (__m512bh)_mm512_loadu_si512(kp));
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qw[p + 1]),
-                                (__m512bh)_mm512_loadu_si512(kp + 2 * BS));
-          a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(qw[p + 2]),
-                                (__m512bh)_mm512_loadu_si512(kp + 4 * BS));
-          a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(qw[p + 3]),
-                                (__m512bh)_mm512_loadu_si512(kp + 6 * BS));
+  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  alignas(64) float f[kLanes];
+  _mm512_store_ps(f, v);
+  for (int64_t l = 0; l < kLanes; ++l) p[l] = st<c10::BFloat16>(f[l]);
+#endif
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+// Scores of R query rows against one block of keys, dst[r][j] = scale * sum_d q_r[d] K[d, j]; C chains per row
+// cover the latency of the dot products. bf16: K [D / 2, BS, 2] (paired), one vdpbf16ps takes two dims of 16 keys
+// straight from the cache (products of two bf16 are exact in fp32). fp32: K [D, BS].
+template <int R, typename T>
+inline void block_scores(const T* const* q, const T* kt, int64_t D, int64_t BS, __m512 vscale, float* const* dst) {
+  constexpr int C = R <= 2 ? 4 : 2;
+  for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(__AVX512BF16__)
+      for (int64_t p = 0; p < D / 2; p += C) {
+        for (int c = 0; c < C; ++c) {
+          const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + ((p + c) * BS + j0) * 2);
+          for (int r = 0; r < R; ++r) {  // two query dims per 32-bit word, low half first, as vdpbf16ps pairs them
+            const int32_t qpair = reinterpret_cast<const int32_t*>(q[r])[p + c];
+            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_set1_epi32(qpair), k);
+          }
         }
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-        _mm512_storeu_ps(dst + j0, _mm512_mul_ps(sum, vscale));
+      }
+#endif
+    } else {
+      for (int64_t d = 0; d < D; d += C) {
+        for (int c = 0; c < C; ++c) {
+          const __m512 k = _mm512_loadu_ps(kt + (d + c) * BS + j0);
+          for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d + c]), k, acc[r][c]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512 sum = acc[r][0];
+      for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+      _mm512_storeu_ps(dst[r] + j0, _mm512_mul_ps(sum, vscale));
+    }
+  }
+}
+
+// One KV head's values of a block: BS rows of D elements, row_stride elements apart.
+template <typename T>
+inline void prefetch_v_block(const T* vc, int64_t block, int64_t BS, int64_t row_stride, int64_t kh, int64_t D) {
+  const T* vb = vc + block * BS * row_stride + kh * D;
+  for (int64_t j = 0; j < BS; ++j) prefetch_lines(vb + j * row_stride, D * sizeof(T));
+}
+
+// out_r[d0 .. d0 + 16 NV) = inv_sum_r * sum_j p_r[j] V[j, d0 ..] over every block, for R rows: the R x NV fp32
+// accumulators stay in registers across the blocks, and each V row is loaded (widened) once for all R rows.
+template <int R, int NV, typename T>
+inline void rows_pv(const float* const* prob, const float* inv_sum, const T* vc, const int64_t* table,
+                    int64_t nblocks, int64_t BS, int64_t row_stride, int64_t kh, int64_t D, int64_t d0,
+                    T* const* out, bool prefetch) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    if (prefetch && d0 == 0 && blk + kPrefetchBlocks < nblocks)
+      prefetch_v_block(vc, table[blk + kPrefetchBlocks], BS, row_stride, kh, D);
+    const T* vb = vc + table[blk] * BS * row_stride + kh * D + d0;
+    for (int64_t j = 0; j < BS; ++j) {
+      __m512 v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = load16(vb + j * row_stride + c * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_set1_ps(prob[r][blk * BS + j]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
       }
     }
   }
-#else
-  TORCH_CHECK(false, "paired keys need a CPU with AVX512-BF16");
+  for (int r = 0; r < R; ++r) {
+    const __m512 s = _mm512_set1_ps(inv_sum[r]);
+    for (int c = 0; c < NV; ++c) store16(out[r] + d0 + c * kLanes, _mm512_mul_ps(acc[r][c], s));
+  }
+}
+
+template <int R, typename T>
+inline void pv(const float* const* prob, const float* inv_sum, const T* vc, const int64_t* table, int64_t nblocks,
+               int64_t BS, int64_t row_stride, int64_t kh, int64_t D, T* const* out, bool prefetch) {
+  for (int64_t d0 = 0; d0 < D; d0 += 4 * kLanes) {
+    switch (std::min<int64_t>(4, (D - d0) / kLanes)) {
+      case 4: rows_pv<R, 4>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
+      case 3: rows_pv<R, 3>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
+      case 2: rows_pv<R, 2>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
+      default: rows_pv<R, 1>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
+    }
+  }
+}
+
+// One (sequence, KV head), from scores to the rounded output. Rows r = i * G + g (query i of the segment, query
+// head kh * G + g), in groups of up to 4. K of block blk + kPrefetchBlocks is requested while block blk is scored,
+// the value pass's first blocks at the end of the scores, and that pass requests its blocks ahead likewise.
+// (Reading all KV heads of a block in one item, one contiguous read per block, measured slower.)
+template <typename T>
+void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t* table, int64_t q0, int64_t qn,
+                    int64_t L, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS, float scale,
+                    float* scores, float* inv_sum, int64_t* limit) {
+  const int64_t rows = qn * G, nblocks = (L + BS - 1) / BS, Lp = nblocks * BS;
+  const int64_t row_stride = Hkv * D;  // V elements between consecutive keys
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < rows; ++r) limit[r] = L - qn + r / G;  // last visible key
+  auto groups = [&](auto&& body) {  // body(R, q row pointers, output row pointers, first row)
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const T* qr[4];
+      T* orow[4];
+      const int64_t R = std::min<int64_t>(4, rows - r0);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+        qr[r] = q + ((q0 + i) * H + kh * G + g) * D;
+        orow[r] = out + (q0 + i) * H * D + (kh * G + g) * D;
+      }
+      body(R, qr, orow, r0);
+    }
+  };
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t ahead = blk + kPrefetchBlocks;
+    if (ahead < nblocks)
+      prefetch_lines(kc + (table[ahead] * Hkv + kh) * D * BS, D * BS * sizeof(T));
+    else
+      prefetch_v_block(vc, table[ahead - nblocks], BS, row_stride, kh, D);
+    const T* kt = kc + (table[blk] * Hkv + kh) * D * BS;
+    groups([&](int64_t R, const T* const* qr, T* const*, int64_t r0) {
+      float* dst[4];
+      for (int64_t r = 0; r < R; ++r) dst[r] = scores + (r0 + r) * Lp + blk * BS;
+      switch (R) {
+        case 4: block_scores<4>(qr, kt, D, BS, vscale, dst); break;
+        case 3: block_scores<3>(qr, kt, D, BS, vscale, dst); break;
+        case 2: block_scores<2>(qr, kt, D, BS, vscale, dst); break;
+        default: block_scores<1>(qr, kt, D, BS, vscale, dst); break;
+      }
+    });
+  }
+  softmax_rows(scores, limit, rows, Lp, inv_sum);
+  groups([&](int64_t R, const T* const*, T* const* orow, int64_t r0) {
+    const float* prob[4];
+    for (int64_t r = 0; r < R; ++r) prob[r] = scores + (r0 + r) * Lp;
+    const float* is = inv_sum + r0;
+    const bool ahead = r0 == 0;  // the first pass over the blocks requests the later ones
+    switch (R) {
+      case 4: pv<4>(prob, is, vc, table, nblocks, BS, row_stride, kh, D, orow, ahead); break;
+      case 3: pv<3>(prob, is, vc, table, nblocks, BS, row_stride, kh, D, orow, ahead); break;
+      case 2: pv<2>(prob, is, vc, table, nblocks, BS, row_stride, kh, D, orow, ahead); break;
+      default: pv<1>(prob, is, vc, table, nblocks, BS, row_stride, kh, D, orow, ahead); break;
+    }
+  });
+}
 #endif
+
+// The register-blocked path over all (sequence, KV head) items, where it applies: fp32 (transposed keys) or bf16
+// with paired keys, on a CPU with AVX-512. Returns false where the generic loop must run instead.
+template <typename T>
+bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, const int64_t* cq, const int64_t* cl,
+                                const int64_t* bt, int64_t B, int64_t MB, int64_t H, int64_t Hkv, int64_t G, int64_t D,
+                                int64_t BS, bool paired, float scale) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (std::is_same_v<T, c10::BFloat16> && !paired) return false;
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, inv_sum;
+      std::vector<int64_t> limit;
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t b = w / Hkv, kh = w % Hkv;
+        const int64_t q0 = cq[b], qn = cq[b + 1] - q0, L = cl[b], rows = qn * G;
+        if (qn == 0) continue;
+        if (w + 1 < end) {  // the next item's first key blocks, which its own prefetches miss
+          const int64_t b1 = (w + 1) / Hkv, kh1 = (w + 1) % Hkv, n1 = (cl[b1] + BS - 1) / BS;
+          for (int64_t blk = 0; blk < std::min(n1, kPrefetchBlocks); ++blk)
+            prefetch_lines(kc + (bt[b1 * MB + blk] * Hkv + kh1) * D * BS, D * BS * sizeof(T));
+        }
+        scores.resize(rows * ((L + BS - 1) / BS) * BS);
+        inv_sum.resize(rows);
+        limit.resize(rows);
+        attention_item(q, kc, vc, out, bt + b * MB, q0, qn, L, H, kh, G, D, Hkv, BS, scale, scores.data(),
+                       inv_sum.data(), limit.data());
+      }
+    });
+    return true;
+  }
+#endif
+  return false;
 }
 
 // Attention of short query segments straight from the paged cache.
@@ -330,6 +511,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     const scalar_t* kc = k_cache.data_ptr<scalar_t>();
     const scalar_t* vc = v_cache.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
+    if (register_blocked_attention(qp, kc, vc, op, cq, cl, bt, B, MB, H, Hkv, G, D, BS, paired, float(scale))) return;
     at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
       std::vector<A> qbuf, scores, acc, inv_sum, tile(D * BS);
       std::vector<int64_t> limit;
@@ -338,28 +520,22 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         const int64_t q0 = cq[b], qn = cq[b + 1] - q0, L = cl[b], rows = qn * G;
         if (qn == 0) continue;
         const int64_t nblocks = (L + BS - 1) / BS, Lp = nblocks * BS;
-        qbuf.resize(rows * D);
+        const int64_t* table = bt + b * MB;
         scores.resize(rows * Lp);
-        acc.assign(rows * D, A(0));
         inv_sum.resize(rows);
         limit.resize(rows);
+        qbuf.resize(rows * D);
+        acc.assign(rows * D, A(0));
         for (int64_t i = 0; i < qn; ++i) {
           for (int64_t g = 0; g < G; ++g) {
             const int64_t r = i * G + g;
             const scalar_t* src = qp + ((q0 + i) * H + kh * G + g) * D;
-            if (!paired)
-              for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
+            for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
             limit[r] = L - qn + i;  // last visible key
           }
         }
-        const int64_t* table = bt + b * MB;
-        if (paired) {  // bf16 only (checked above), so A is float
-          using bf16 = const c10::BFloat16*;
-          paired_scores(reinterpret_cast<bf16>(qp), reinterpret_cast<bf16>(kc), table, q0, qn, H, kh, G, D, Hkv, BS,
-                        nblocks, Lp, float(scale), reinterpret_cast<float*>(scores.data()));
-        }
         // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
-        for (int64_t blk = 0; blk < nblocks && !paired; ++blk) {
+        for (int64_t blk = 0; blk < nblocks; ++blk) {
           const scalar_t* kt = kc + (table[blk] * Hkv + kh) * D * BS;
           if (blk + kPrefetchBlocks < nblocks)
             prefetch_lines(kc + (table[blk + kPrefetchBlocks] * Hkv + kh) * D * BS, D * BS * sizeof(scalar_t));
@@ -386,22 +562,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
             }
           }
         }
-        // Softmax numerators over the visible keys (masked ones set to 0); 1/sum is applied to the output.
-        for (int64_t r = 0; r < rows; ++r) {
-          A* sr = scores.data() + r * Lp;
-          const int64_t n = limit[r] + 1;
-          A m = sr[0];
-          _Pragma("omp simd reduction(max : m)")
-          for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
-          A sum = 0;
-          _Pragma("omp simd reduction(+ : sum)")
-          for (int64_t j = 0; j < n; ++j) {
-            sr[j] = exp_nonpos(sr[j] - m);
-            sum += sr[j];
-          }
-          for (int64_t j = n; j < Lp; ++j) sr[j] = A(0);
-          inv_sum[r] = A(1) / sum;
-        }
+        softmax_rows(scores.data(), limit.data(), rows, Lp, inv_sum.data());
         // Output: acc[r] += sum_j p[r, j] V[j], a block of values at a time, 16 dims per register.
         for (int64_t blk = 0; blk < nblocks; ++blk) {
           const scalar_t* vb = vc + (table[blk] * BS * Hkv + kh) * D;
