@@ -102,11 +102,11 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
 
 def _kernel_group(seqs, block_size, device) -> SmallGroup:
     B = len(seqs)
-    max_blocks = max((start + q + block_size - 1) // block_size for q, start, _ in seqs)
-    tables = torch.zeros(B, max_blocks, dtype=torch.long)
-    for b, (q, start, table) in enumerate(seqs):
-        n = (start + q + block_size - 1) // block_size
-        tables[b, :n] = torch.tensor(table[:n])
+    used = [(start + q + block_size - 1) // block_size for q, start, _ in seqs]
+    max_blocks = max(used)
+    # One tensor from padded lists: a torch.tensor per row cost ~8 us each, 0.5 ms a step at 64 sequences.
+    tables = torch.tensor([table[:n] + [0] * (max_blocks - n) for (_, _, table), n in zip(seqs, used)],
+                          dtype=torch.long)
     q_lens = [q for q, _, _ in seqs]
     cu_q = torch.tensor([0] + q_lens).cumsum(0)
     ctx_len = torch.tensor([start + q for q, start, _ in seqs])

@@ -13,7 +13,7 @@ import torch
 from engine.attention import KVCache
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, fast_decode
 from engine.load import LoadMonitor, StepLoad
 from engine.loader import (drafter_tap_layers, load_hf_model, resolve_device, resolve_drafter, resolve_dtype,
                            resolve_model)
@@ -73,6 +73,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         path = resolve_model(config.model)
         hf_model, self.tokenizer = load_hf_model(path, self.dtype)
+        self.decode = fast_decode(self.tokenizer)
         self.model_path = path
         self.model_name = config.model or "SmolLM2-135M-Instruct"
         hf_cfg = hf_model.config
@@ -220,7 +221,7 @@ class LLMEngine:
             request_id=request_id,
             prompt_token_ids=token_ids,
             params=params,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.stop_strings),
+            detokenizer=IncrementalDetokenizer(self.decode, token_ids, params.stop_strings),
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
             generator=None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed),
         )
@@ -269,7 +270,7 @@ class LLMEngine:
             seq.taps.truncate(seq.num_computed_tokens)
         self.block_manager.truncate(seq, seq.num_computed_tokens)
         # Re-derive the text from the kept tokens.
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, seq.params.stop_strings)
+        seq.detokenizer = IncrementalDetokenizer(self.decode, seq.prompt_token_ids, seq.params.stop_strings)
         for t in seq.output_token_ids:
             seq.detokenizer.push(t)
         seq.text = seq.detokenizer.text
