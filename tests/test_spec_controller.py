@@ -188,6 +188,29 @@ def test_draft_gate_closes_where_drafting_lost_and_probes_in_proportion_to_the_l
     assert decisions.count(True) >= 8, decisions
 
 
+def test_draft_gate_starts_a_load_above_a_losing_one_closed():
+    """Drafting pays less as load grows, so a bucket with no evidence of its own above one that closed starts closed
+    (probing at the lower bucket's spacing) instead of drafting to explore; below it, and above an open one, a new
+    bucket still explores; and its own evidence decides once it has enough."""
+    gate = DraftGate()
+    for _ in range(4):  # 16 sequences, 64 sequence-steps: drafting lost 27%
+        gate.record(16, emitted=22, seconds=0.030, plain_seconds=0.020)
+    assert not gate.is_open(16)
+    assert not gate.is_open(40)  # 32..63: nothing measured there, judged by 16..31
+    assert gate.is_open(8) and gate.should_draft(8)  # below: explores
+    assert gate.steps_until_probe(40) == gate.steps_until_probe(16) > 1
+    drafts = [gate.should_draft(40) for _ in range(gate.steps_until_probe(16))]
+    assert drafts.count(True) == 1 and drafts[-1]  # a probe, spaced as the bucket below would space it
+    for _ in range(2):  # at 40 sequences drafting wins (content turned easy): its own evidence decides
+        gate.record(40, emitted=100, seconds=0.030, plain_seconds=0.020)
+    assert gate.is_open(40) and not gate.is_open(16)
+
+    winning = DraftGate()
+    for _ in range(4):
+        winning.record(16, emitted=40, seconds=0.030, plain_seconds=0.020)
+    assert winning.is_open(16) and winning.is_open(40)  # above an open bucket: explore
+
+
 def test_draft_gate_weighs_a_step_by_its_sequences():
     """One sequence's step says little (it emits 1 to gamma + 1 tokens): a lucky probe does not reopen a bucket that
     lost over many steps at one sequence, while a 64-sequence probe that won as clearly does."""
