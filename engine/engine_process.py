@@ -9,8 +9,11 @@ Protocol, over one multiprocessing connection (pickled tuples):
     parent -> child   ("add", rid, prompt, params) | ("abort", rid) | ("draft_at", where) | ("draft_gone", message)
                       | ("stop",)
     child -> parent   ("ready", info) | ("start_failed", message) | ("admitted", rid, exception or None)
-                      | ("outputs", [RequestOutput], stats) | ("step_failed", [rid], message) | ("stats", stats)
+                      | ("outputs", [delta], stats) | ("step_failed", [rid], message) | ("stats", stats)
                       | ("draft_lost",) | ("dead", reason)
+A delta carries what a step added to a request's RequestOutput (new tokens, text and logprobs; the prompt ids once);
+the parent keeps what came before. Whole outputs would pickle every token so far, every step: 1.6 ms a step at 64
+sequences of 500 + 500 tokens, 6.9 ms at 1,000 + 2,000, growing with the length.
 The child's draft service is a DraftServiceProxy connected straight to the replica's draft actor over its socket;
 when that link breaks, the child asks the parent (which has Ray) where the restarted actor listens.
 """
@@ -23,13 +26,44 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from engine.async_engine import (IDLE_PUBLISH_S, MAX_CONSECUTIVE_STEP_FAILURES, AsyncLLMEngine, EngineDeadError,
                                  EngineStepError, RequestAbortedError, _deliver, _Request, _resolve, engine_info,
                                  published_stats, release_free_heap, set_nice)
+from engine.llm_engine import RequestOutput
 
 log = logging.getLogger(__name__)
+
+
+def to_delta(out: RequestOutput, with_prompt: bool) -> tuple:
+    """What a step added to `out` (the child side of the "outputs" message)."""
+    n_new = len(out.new_token_ids)
+    logprobs = None if out.logprobs is None else out.logprobs[len(out.token_ids) - n_new:]
+    return (out.request_id, out.prompt_token_ids if with_prompt else None, out.new_token_ids, out.new_text,
+            out.finished, out.finish_reason, out.metrics, logprobs)
+
+
+@dataclass
+class _SoFar:
+    """A request's output so far, rebuilt by the parent from its deltas."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str = ""
+    logprobs: list | None = None
+
+    def apply(self, delta: tuple) -> RequestOutput:
+        rid, _, new_ids, new_text, finished, reason, metrics, logprobs = delta
+        self.token_ids.extend(new_ids)
+        self.text += new_text
+        if logprobs is not None:
+            self.logprobs = self.logprobs or []
+            self.logprobs.extend(logprobs)
+        # Snapshots, as the in-process engine gives: a consumer may hold an output while later ones arrive.
+        return RequestOutput(rid, self.prompt_token_ids, list(self.token_ids), self.text, new_ids, new_text,
+                             finished, reason, metrics, None if self.logprobs is None else list(self.logprobs))
 
 
 class EngineProcess(AsyncLLMEngine):
@@ -47,6 +81,7 @@ class EngineProcess(AsyncLLMEngine):
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _requests: the asyncio side adds, the reader thread delivers
         self._requests: dict[str, _Request] = {}
+        self._so_far: dict[str, _SoFar] = {}  # touched by the reader thread only
         self._dead: str | None = None
         self._stopping = False
         self._stats: dict = {}
@@ -147,14 +182,23 @@ class EngineProcess(AsyncLLMEngine):
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "outputs":
-            _, outputs, stats = message
+            _, deltas, stats = message
             self._stats = stats  # before the outputs: a consumer that sees its last delta sees this step's stats
-            for out in outputs:
+            for delta in deltas:
+                rid, prompt, finished = delta[0], delta[1], delta[4]
+                so_far = self._so_far.pop(rid, None) if finished else self._so_far.get(rid)
+                if so_far is None:
+                    so_far = _SoFar(prompt, [])
+                    if not finished:
+                        self._so_far[rid] = so_far
+                out = so_far.apply(delta)
                 with self._lock:
-                    req = self._requests.get(out.request_id)
-                    if req is not None and out.finished:
-                        del self._requests[out.request_id]
-                if req is not None:
+                    req = self._requests.get(rid)
+                    if req is not None and finished:
+                        del self._requests[rid]
+                if req is None:  # aborted: drop what was kept for it
+                    self._so_far.pop(rid, None)
+                else:
                     _deliver(req, out)
         elif kind == "admitted":
             _, rid, exc = message
@@ -167,6 +211,7 @@ class EngineProcess(AsyncLLMEngine):
         elif kind == "step_failed":
             _, rids, text = message
             for rid in rids:
+                self._so_far.pop(rid, None)
                 with self._lock:
                     req = self._requests.pop(rid, None)
                 if req is not None:
@@ -252,6 +297,7 @@ class _Core:
     def __init__(self, engine, conn: Connection, locator: _ParentLocator):
         self.engine, self.conn, self.locator = engine, conn, locator
         self.live: set[str] = set()  # admitted, unfinished
+        self.prompt_unsent: set[str] = set()  # admitted, no output sent yet (the first delta carries the prompt)
         self.failures = 0
         self.stopping = False
         self.trimmed = True
@@ -292,9 +338,11 @@ class _Core:
                 self.conn.send(("admitted", rid, exc))
                 return
             self.live.add(rid)
+            self.prompt_unsent.add(rid)
             self.conn.send(("admitted", rid, None))
         elif kind == "abort":
             self.live.discard(message[1])
+            self.prompt_unsent.discard(message[1])
             self.engine.abort_request(message[1])
         elif kind == "draft_at":
             self.locator.where = message[1]
@@ -310,6 +358,7 @@ class _Core:
             self.failures += 1
             log.exception("engine step failed (%d in a row)", self.failures)
             failed, self.live = list(self.live), set()
+            self.prompt_unsent -= set(failed)
             for rid in failed:
                 try:
                     self.engine.abort_request(rid)
@@ -322,10 +371,15 @@ class _Core:
             return
         self.failures = 0
         self.trimmed = False
+        deltas = []
         for out in outputs:
+            first = out.request_id in self.prompt_unsent
             if out.finished:
                 self.live.discard(out.request_id)
-        self.conn.send(("outputs", outputs, self.stats()))
+            if first or out.finished:
+                self.prompt_unsent.discard(out.request_id)
+            deltas.append(to_delta(out, first))
+        self.conn.send(("outputs", deltas, self.stats()))
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ async def collect(p, rid, prompt, params):
 
 
 def test_outputs_equal_the_in_process_engine(proc, config):
+    """The child sends only what each step added; every output the parent rebuilds from those deltas is whole: the
+    prompt ids, everything so far and the logprobs, as the in-process engine's."""
     local = LLMEngine(config)
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)
     prompts = ["Once upon a time", [5, 17, 300, 42]]  # at most max_waiting at once
     want = [reference(local, p, params) for p in prompts]
 
@@ -52,7 +54,16 @@ def test_outputs_equal_the_in_process_engine(proc, config):
     for outs, w in zip(got, want):
         assert outs[-1].finished and all(not o.finished for o in outs[:-1])
         assert [t for o in outs for t in o.new_token_ids] == w.token_ids == outs[-1].token_ids
-        assert "".join(o.new_text for o in outs) == w.text
+        assert "".join(o.new_text for o in outs) == w.text == outs[-1].text
+        ids, text = [], ""
+        for o in outs:
+            ids, text = ids + o.new_token_ids, text + o.new_text
+            assert o.token_ids == ids and o.text == text and o.prompt_token_ids == w.prompt_token_ids
+            assert len(o.logprobs) == len(ids)
+        for got_lp, want_lp in zip(outs[-1].logprobs, w.logprobs, strict=True):
+            assert got_lp.keys() == want_lp.keys()
+            assert [got_lp[t] for t in want_lp] == pytest.approx(list(want_lp.values()), abs=1e-9)
+        assert outs[-1].metrics.keys() == w.metrics.keys()
         assert outs[-1].metrics["num_spec_steps"] > 0  # the child drafted with its own drafter
     assert proc.info["speculation"] and proc.info["max_model_len"] == local.max_model_len
     assert os.getpriority(os.PRIO_PROCESS, proc._child.pid) == 5
