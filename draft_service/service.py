@@ -40,6 +40,7 @@ class DraftStep:
     sampled: list[int]  # which work items those rows belong to
     draft_vocab: torch.Tensor | None  # draft index -> target id (None: the full vocabulary)
     seconds: float = 0.0  # time spent in the service
+    append_seconds: float = 0.0  # of which bringing the contexts up to date (the syncs' appends)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class DraftService:
                 pos = torch.arange(start, start + s.taps.shape[0])
                 appends.append((handle, s.taps.to(self.drafter.device), pos))
         self.pool.append_many(appends)
+        appended = time.perf_counter()
         if not work:
             return None
         requests, sampled = [], []
@@ -108,7 +110,7 @@ class DraftService:
         return DraftStep(
             tokens=prop.tokens.tolist(), confidences=conf.tolist(),
             probs=prop.probs[sampled] if sampled else None, sampled=sampled,
-            draft_vocab=prop.draft_vocab, seconds=time.perf_counter() - t0,
+            draft_vocab=prop.draft_vocab, seconds=time.perf_counter() - t0, append_seconds=appended - t0,
         )
 
     def release(self, keys: list[str]) -> None:

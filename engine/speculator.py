@@ -80,6 +80,7 @@ class Speculator:
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
         self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated pure decode step
         self.drafted = False  # whether this step ran a draft round
+        self.catch_up_s = 0.0  # of this step's round: appending context the sequences missed while not drafting
         self.gated = False  # whether the draft gate decided this step's round (adaptive mode)
         self.plain_overhead_s = 0.0  # EMA of a plain step's time outside the forward (schedule, sample, emit)
         # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
@@ -95,7 +96,7 @@ class Speculator:
         """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
         occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
         self.last_verify_tokens = 0
-        self.scoring, self.drafted, self.gated = None, False, False
+        self.scoring, self.drafted, self.gated, self.catch_up_s = None, False, False, 0.0
         decoding = [s for s in sched.scheduled if s.samples and s.num_new_tokens == 1 and s.seq.num_output_tokens]
         base_tokens = load.base_tokens
         eligible = []
@@ -151,12 +152,15 @@ class Speculator:
 
     def _draft(self, seqs: list[Sequence]):
         syncs, work = [], []
+        appended = catch_up = 0  # context tokens appended; of them, more than one step can add to a sequence
         for seq in seqs:
             if seq.spec.epoch != self.epoch:
                 seq.spec.context_len, seq.spec.epoch = 0, self.epoch
             computed = seq.num_computed_tokens  # the anchor (last token) sits at this position
             keep = min(seq.spec.context_len, computed)
             syncs.append(ContextSync(seq.request_id, keep, seq.taps.view()[keep:computed]))
+            appended += computed - keep
+            catch_up += max(0, computed - keep - (self.gamma + 1))
             seq.spec.context_len = computed
             work.append(DraftWork(seq.request_id, seq.token_ids[-1], computed, seq.params.temperature,
                                   seq.params.seed))
@@ -171,7 +175,8 @@ class Speculator:
             return None
         seconds = time.perf_counter() - t0
         self.drafted = True
-        self.cost.draft.observe(len(seqs), seconds)
+        self.catch_up_s = step.append_seconds * catch_up / appended if appended else 0.0
+        self.cost.draft.observe(len(seqs), seconds - self.catch_up_s)  # the round as it runs in steady drafting
         self.counters.draft_rounds += 1
         self.counters.draft_seconds += seconds
         return step
@@ -185,7 +190,7 @@ class Speculator:
             if not self.drafted:
                 self.gate.record_plain(decoding, seconds, plain_seconds)
             elif self.gated:
-                self.gate.record(decoding, emitted, seconds, plain_seconds)
+                self.gate.record(decoding, emitted, seconds, plain_seconds, self.catch_up_s)
             self.scoring = None
 
     # ----- after the forward --------------------------------------------------------------------------------

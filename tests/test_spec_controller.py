@@ -180,12 +180,30 @@ def test_draft_gate_closes_where_drafting_lost_and_probes_in_proportion_to_the_l
     assert drafts[first:].index(True) + 1 == first
     heavy = DraftGate()
     heavy.record(64, emitted=64, seconds=0.3, plain_seconds=0.1)  # drafting tripled the step: probe rarely
-    assert heavy.steps_until_probe(64) == heavy.max_probe_every  # 2 plain steps lost a probe: 400, capped
+    assert heavy.steps_until_probe(64) == 400  # a probe lost 2 plain steps: 2 / 0.5%
     for _ in range(6):  # the content got easy: probes win, the gate reopens
         gate.record(64, emitted=160, seconds=0.15, plain_seconds=0.10)
     assert gate.is_open(64)
     decisions = [gate.should_draft(64) for _ in range(12)]  # drafting, with control steps to measure plain ones
     assert decisions.count(True) >= 8, decisions
+
+
+def test_draft_gate_judges_a_probe_without_its_context_catch_up_but_spaces_probes_by_it():
+    """A probe first appends the context its sequences missed while the bucket decoded plainly. Leaving that out,
+    a round that wins in steady drafting reopens the bucket although the probe step as a whole lost; and a losing
+    bucket's probes are spaced by what they really cost, catch-up included."""
+    gate = DraftGate()
+    for _ in range(4):  # 16 sequences, 64 sequence-steps: drafting lost 27%
+        gate.record(16, emitted=22, seconds=0.030, plain_seconds=0.020)
+    assert not gate.is_open(16)
+    # The content turned easy: 40 tokens in 30 ms of drafting against 16 in 20 ms plainly (1.67x), but 60 ms went
+    # to the catch-up, so the whole step (90 ms) lost.
+    gate.record(16, emitted=40, seconds=0.090, plain_seconds=0.020, catch_up_seconds=0.060)
+    assert gate.is_open(16)
+    losing = DraftGate()
+    losing.record(64, emitted=64, seconds=0.3, plain_seconds=0.1, catch_up_seconds=0.1)
+    assert losing.score(64) == pytest.approx(0.5)  # the steady round: 2 plain steps' time for one's tokens
+    assert losing.steps_until_probe(64) == 400  # the probe took 3 plain steps' time for 1 step's tokens: 2 / 0.5%
 
 
 def test_draft_gate_starts_a_load_above_a_losing_one_closed():
