@@ -228,6 +228,7 @@ class _GateState:
     samples: int = 0
     evidence: int = 0  # sequence-steps scored
     since_switch: int = 0  # closed: steps skipped since the last probe; open: steps drafted since the last control
+    closed: bool = False  # the score fell to 1 or below and has not since risen above 1 + reopen_margin
     plain_measured: float = 0.0  # EMA of plain steps' seconds ...
     plain_predicted: float = 0.0  # ... and of what the cost curve predicted for them
     plain_samples: int = 0
@@ -251,8 +252,11 @@ class DraftGate:
     size, a 12% win at one sequence kept swinging across 1 (the gate shut 37-68% of the steps), and with old evidence
     fading during the pause before a probe, one lucky probe of 4 sequences reopened a bucket that was losing 15%. Both
     sides of the ratio are measured at the same moment, so old evidence does not go stale with the machine's speed. A
-    bucket drafts until its score falls to 1 or below; then it drafts only to probe. Probes (closed) and control steps
-    (open) are spaced so that each loses at most `probe_overhead` of the time.
+    bucket drafts until its score falls to 1 or below; then it drafts only to probe, until the score rises above
+    1 + `reopen_margin`. Probes (closed) and control steps (open) are spaced so that each loses at most
+    `probe_overhead` of the time. The margin is for loads where drafting about ties: at 4 sequences single steps
+    scored 0.48 to 1.6 around a mean near 1, and without it the bucket reopened on a few lucky probes and drafted at
+    0.83-0.91x `off` for whole cells.
 
     A probe first brings every sequence's draft context up to date: the taps of all the steps decoded plainly since
     the last round. That catch-up is a switching cost, not what drafting costs while the bucket is open, so the score
@@ -267,6 +271,7 @@ class DraftGate:
     min_evidence: int = 64  # sequence-steps a bucket scores before it may close: one memory's worth (see seq_alpha)
     plain_alpha: float = 0.1  # per plain step scored
     min_plain_samples: int = 2  # plain steps measured in a bucket before control steps are spaced out
+    reopen_margin: float = 0.04  # a closed bucket reopens at a score above 1 + this
 
     def __post_init__(self) -> None:
         self.buckets: dict[int, _GateState] = {}
@@ -300,8 +305,14 @@ class DraftGate:
         return num_decoding
 
     def _open_on_own(self, num_decoding: int) -> bool:
-        score = self.score(num_decoding)
-        return score is None or score > 1.0 or self._state(num_decoding).evidence < self.min_evidence
+        st = self._state(num_decoding)
+        return not st.closed or st.evidence < self.min_evidence
+
+    def _update(self, num_decoding: int) -> None:
+        """Close at a score of 1 or below; reopen above 1 + reopen_margin."""
+        st, score = self._state(num_decoding), self.score(num_decoding)
+        if score is not None:
+            st.closed = score <= 1.0 + (self.reopen_margin if st.closed else 0.0)
 
     def is_open(self, num_decoding: int) -> bool:
         return self._open_on_own(self._judge(num_decoding))
@@ -361,6 +372,7 @@ class DraftGate:
         st.full_cost = fade * st.full_cost + num_decoding * seconds
         st.tokens = fade * st.tokens + emitted
         st.sequences = fade * st.sequences + num_decoding
+        self._update(num_decoding)
         if not self.is_open(num_decoding):
             st.since_switch = 0  # closed (again): the next probe is a full spacing away
 
@@ -372,6 +384,7 @@ class DraftGate:
         a = max(1.0 / st.plain_samples, self.plain_alpha)
         st.plain_measured += a * (seconds - st.plain_measured)
         st.plain_predicted += a * (predicted_seconds - st.plain_predicted)
+        self._update(num_decoding)
 
 
 def latency_cap(target_tpot_s: float | None, cost: StepCostModel, tokens: int, drafted_seqs: int,

@@ -206,6 +206,23 @@ def test_draft_gate_judges_a_probe_without_its_context_catch_up_but_spaces_probe
     assert losing.steps_until_probe(64) == 400  # the probe took 3 plain steps' time for 1 step's tokens: 2 / 0.5%
 
 
+def test_draft_gate_reopens_only_clear_of_a_tie():
+    """Closed at a score of 1 or below, a bucket reopens only above 1 + reopen_margin, so a near-tie whose noisy
+    score wanders across 1 does not flip it open on a few lucky probes."""
+    gate = DraftGate()
+    for _ in range(4):  # 16 sequences: 0.95x
+        gate.record(16, emitted=19, seconds=0.020, plain_seconds=0.016)
+    assert gate.score(16) == pytest.approx(0.95) and not gate.is_open(16)
+    while gate.score(16) <= 1.0:
+        gate.record(16, emitted=20.5, seconds=0.020, plain_seconds=0.016)  # 1.025x
+    assert 1.0 < gate.score(16) <= 1.0 + gate.reopen_margin and not gate.is_open(16)
+    while gate.score(16) <= 1.0 + gate.reopen_margin:
+        gate.record(16, emitted=22, seconds=0.020, plain_seconds=0.016)  # 1.1x: clear of the tie
+    assert gate.is_open(16)
+    gate.record(16, emitted=20.5, seconds=0.020, plain_seconds=0.016)  # open, a 1.025x step keeps it open
+    assert gate.is_open(16)
+
+
 def test_draft_gate_starts_a_load_above_a_losing_one_closed():
     """Drafting pays less as load grows, so a bucket with no evidence of its own above one that closed starts closed
     (probing at the lower bucket's spacing) instead of drafting to explore; below it, and above an open one, a new
