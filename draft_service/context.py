@@ -5,10 +5,14 @@ draft layer, the K/V of the context tokens (k_norm + rope already applied). Noth
 else is needed, so that is all we store. Block K/V are recomputed every round and
 never stored.
 
-Storage is one preallocated arena of fixed-size pages, [slots, L, 2, n_kv, hd]:
-memory is bounded by construction, accounted per page, and freed pages are reused.
-propose() gathers the batch's contexts into a padded [B, T_max] view with one
-index op, then runs one backbone pass and one Markov loop for the whole batch.
+Storage is a paged KV cache of preallocated fixed-size pages, one K and one V tensor
+per draft layer in the engine's layouts (engine.attention.KVCache): memory is bounded by
+construction, accounted per page, and freed pages are reused. propose() runs one backbone
+pass for the whole batch in which every layer writes the block's K/V just past each
+context (in slots lent for the call) and attends in place, non-causally, with the engine's
+paged attention: the CPU kernel, or SDPA over gathered pages elsewhere. Then one Markov
+loop for the whole batch. (Gathering the contexts into a padded batch and concatenating
+the block to them took 42% of a round at 64 sequences.)
 """
 
 from __future__ import annotations
@@ -43,21 +47,30 @@ class _Context:
 
 class DraftContextPool:
     def __init__(self, model: DSparkDrafter, max_tokens: int | None = None, *,
-                 max_bytes: int | None = None, page_size: int = 16):
+                 max_bytes: int | None = None, page_size: int = 16, kernels: bool = True):
+        """`kernels=False` keeps the PyTorch attention path (SDPA over gathered pages) where the CPU kernel would
+        run; the results agree (tests)."""
+        from engine.attention import KVCache  # here: the engine package imports this module
+        from engine.ops import Ops
+
         if (max_tokens is None) == (max_bytes is None):
             raise ValueError("give exactly one of max_tokens / max_bytes")
         cfg = model.config
         self.model = model
         self.page_size = page_size
-        self.token_shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, cfg.head_dim)
-        self.token_bytes = math.prod(self.token_shape) * model.dtype.itemsize
-        self.page_bytes = page_size * self.token_bytes
+        self.ops = Ops(model.device, page_size, cfg.head_dim)
+        if not kernels:
+            self.ops.k = None
+        self.page_bytes = KVCache.bytes_per_block(cfg.num_hidden_layers, page_size, cfg.num_key_value_heads,
+                                                  cfg.head_dim, model.dtype)
+        self.token_bytes = self.page_bytes // page_size
         # A token budget is rounded up to whole pages; a byte budget is never exceeded.
         n_pages = math.ceil(max_tokens / page_size) if max_tokens is not None else max_bytes // self.page_bytes
         if n_pages < 1:
             raise ValueError("budget is smaller than one page")
-        # Zeroed: padding reads unused slots, and masked-out garbage could be NaN (0 * NaN = NaN in attention).
-        self._kv = torch.zeros(n_pages * page_size, *self.token_shape, dtype=model.dtype, device=model.device)
+        self.cache = KVCache(cfg.num_hidden_layers, n_pages, page_size, cfg.num_key_value_heads, cfg.head_dim,
+                             model.dtype, model.device, k_layout=self.ops.key_layout(model.dtype))
+        self._n_pages = n_pages
         self._free = list(range(n_pages - 1, -1, -1))  # stack of free page ids
         self._ctxs: dict[int, _Context] = {}
         self._next_handle = 0
@@ -65,7 +78,7 @@ class DraftContextPool:
     # -- accounting ------------------------------------------------------------
     @property
     def num_pages(self) -> int:
-        return self._kv.shape[0] // self.page_size
+        return self._n_pages
 
     @property
     def capacity_bytes(self) -> int:
@@ -131,20 +144,26 @@ class DraftContextPool:
             raise ContextPoolFull(
                 f"draft context pool full: need {need} more pages of {P} tokens, {len(self._free)} free "
                 f"(capacity {self.capacity_bytes} B, in use {self.bytes_in_use} B); release or truncate contexts")
-        slots = []
+        slots: list[int] = []
         for h, taps, _ in items:
             ctx = self._ctxs[h]
             n = taps.shape[0]
             while len(ctx.pages) * P < ctx.length + n:
                 ctx.pages.append(self._free.pop())
-            t = torch.arange(ctx.length, ctx.length + n)
-            slots.append(torch.tensor(ctx.pages)[t // P] * P + t % P)
+            pages = ctx.pages
+            slots.extend(pages[t // P] * P + t % P for t in range(ctx.length, ctx.length + n))
             ctx.length += n
-        dev = self._kv.device
-        taps = torch.cat([t.to(dev) for _, t, _ in items])
-        pos = torch.cat([p.to(dev) for _, _, p in items])
-        kv = self.model.context_kv(taps, pos)
-        self._kv.index_copy_(0, _to_device(torch.cat(slots), dev), kv)
+        dev = self.model.device
+        taps = torch.cat([t.to(dev) for _, t, _ in items]) if len(items) > 1 else items[0][1].to(dev)
+        pos = torch.cat([p.to(dev) for _, _, p in items]) if len(items) > 1 else items[0][2].to(dev)
+        rows = self.model.context_kv_rows(taps)  # [n, L, 2 * n_kv * hd]
+        cos, sin = self.model.rope_full(pos)
+        slot_t = _to_device(torch.tensor(slots), dev)
+        cfg = self.model.config
+        for i, layer in enumerate(self.model.layers):  # k_norm + rope on K, then both into the pages
+            k_norm = layer.self_attn.k_norm
+            self.ops.rope_and_cache(rows[:, i], cos, sin, slot_t, self.cache.k[i], self.cache.v[i], 0,
+                                    cfg.num_key_value_heads, k_norm.weight, k_norm.weight, k_norm.eps)
 
     # -- drafting --------------------------------------------------------------
     @torch.no_grad()
@@ -154,25 +173,43 @@ class DraftContextPool:
         Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator]]).
         probs_format: "full" | "compact" | "none", see DraftProposal.
         """
+        from engine.attention import build_metadata
+
         reqs = [r if isinstance(r, DraftRequest) else DraftRequest(*r) for r in batch]
         if not reqs:
             raise ValueError("empty batch")
-        ctxs = [self._get(r.handle) for r in reqs]
-        dev, P, B, G = self._kv.device, self.page_size, len(reqs), self.model.gamma
-        T = max(c.length for c in ctxs)
-        lens = _to_device(torch.tensor([c.length for c in ctxs]), dev)
-        if T > 0:
-            n_pages = max(len(c.pages) for c in ctxs)
-            table = _to_device(torch.tensor([c.pages + [0] * (n_pages - len(c.pages)) for c in ctxs]), dev)
-            t = torch.arange(T, device=dev)
-            ctx_kv = self._kv[table[:, t // P] * P + t % P]  # [B, T, L, 2, n_kv, hd]; pads read page 0
-            valid = t[None, :] < lens[:, None]
-        else:
-            ctx_kv = self._kv.new_empty(B, 0, *self.token_shape)
-            valid = torch.zeros(B, 0, dtype=torch.bool, device=dev)
-        anchor_ids = _to_device(torch.tensor([r.anchor_token for r in reqs]), dev)
-        anchor_pos = _to_device(torch.tensor([r.anchor_pos for r in reqs]), dev)
-        h = self.model.block_hidden(ctx_kv, valid, anchor_ids, anchor_pos)
+        # A block is written into its context's pages, so one context drafts one block a round; repeats of the
+        # same (context, anchor) share a backbone pass (e.g. several samples of one block).
+        blocks = {(r.handle, r.anchor_token, r.anchor_pos): None for r in reqs}
+        if len({h for h, _, _ in blocks}) < len(blocks):
+            raise ValueError("a context can draft only one block per propose call (same anchor token and position)")
+        which = list(blocks)
+        row_of = {key: i for i, key in enumerate(which)}
+        ctxs = [self._get(h) for h, _, _ in which]
+        dev, P, B, G = self.model.device, self.page_size, len(which), self.model.gamma
+        # Each block goes just past its context: the pages it needs beyond the context's are lent for this call.
+        lent = [max(0, math.ceil((c.length + G) / P) - len(c.pages)) for c in ctxs]
+        if sum(lent) > len(self._free):
+            raise ContextPoolFull(f"draft context pool full: a round of {B} blocks needs {sum(lent)} pages for its "
+                                  f"block K/V, {len(self._free)} free; release or truncate contexts")
+        spare = [self._free.pop() for _ in range(sum(lent))]
+        try:
+            tables, i = [], 0
+            for c, n in zip(ctxs, lent):
+                tables.append(c.pages + spare[i: i + n])
+                i += n
+            meta = build_metadata([(G, c.length, t) for c, t in zip(ctxs, tables)], P,
+                                  self.model.config.num_attention_heads // self.model.config.num_key_value_heads,
+                                  dev, fused=self.ops.fused, causal=False)
+            anchor_ids = _to_device(torch.tensor([a for _, a, _ in which]), dev)
+            anchor_pos = _to_device(torch.tensor([p for _, _, p in which]), dev)
+            h = self.model.block_hidden_paged(anchor_ids, anchor_pos, meta, self.cache, self.ops)
+        finally:
+            self._free.extend(reversed(spare))
+        B = len(reqs)
+        if len(which) < B:
+            rows = _to_device(torch.tensor([row_of[(r.handle, r.anchor_token, r.anchor_pos)] for r in reqs]), dev)
+            h, anchor_ids = h.index_select(0, rows), anchor_ids.index_select(0, rows)
 
         temperature = uniforms = None
         if any(r.temperature > 1e-5 for r in reqs):

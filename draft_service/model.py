@@ -6,8 +6,9 @@ Module and parameter names mirror DeepSpec's Qwen3DSparkModel so that
 confidence_head.proj, embed_tokens, lm_head).
 
 The model itself is stateless: per-sequence context K/V lives in
-`context.DraftContextPool`, which calls `context_kv` on append and
-`block_hidden` + `decode` on propose.
+`context.DraftContextPool`, which writes what `context_kv_rows` projects on append and
+calls `block_hidden_paged` + `decode` on propose. Training runs the same computation on
+gathered tensors (train.forward_blocks).
 """
 
 from __future__ import annotations
@@ -90,42 +91,11 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.qkv = None  # engine.model.Linear over [q; k; v], set by DSparkDrafter.optimize_for_inference
-        self.fused_norm_rope = None  # the CPU kernel doing q_norm/k_norm and rope in one pass, likewise
-
-    def norm_rope(self, x: torch.Tensor, norm: RMSNorm, cos, sin) -> torch.Tensor:
-        """RMSNorm per head, then rope: x [..., heads, hd] with cos/sin [..., hd/2]."""
-        if self.fused_norm_rope is None or torch.is_grad_enabled():
-            return apply_rope(norm(x), cos, sin)
-        heads = x.shape[-2]
-        out = self.fused_norm_rope(x.reshape(-1, heads, self.hd), norm.weight, cos.reshape(-1, self.hd // 2),
-                                   sin.reshape(-1, self.hd // 2), norm.eps)
-        return out.view(x.shape)
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd]."""
-        k = self.norm_rope(self.k_proj(x).unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
+        """K (k_norm + rope) and V for tokens x [..., n, d] -> [..., n, n_kv, hd] (training)."""
+        k = apply_rope(self.k_norm(self.k_proj(x).unflatten(-1, (self.n_kv, self.hd))), cos, sin)
         return k, self.v_proj(x).unflatten(-1, (self.n_kv, self.hd))
-
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
-        """x [B,G,d] block; ctx_k/v [B,T,n_kv,hd] stored context; mask [B,1,1,T+G] bool."""
-        B, G, _ = x.shape
-        if self.qkv is not None and not torch.is_grad_enabled():
-            q, k, v = self.qkv(x.reshape(B * G, -1)).view(B, G, -1).split(
-                [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self.norm_rope(q.unflatten(-1, (self.n_heads, self.hd)), self.q_norm, cos, sin)
-        k = self.norm_rope(k.unflatten(-1, (self.n_kv, self.hd)), self.k_norm, cos, sin)
-        v = v.unflatten(-1, (self.n_kv, self.hd))
-        # Block K/V are only concatenated for this call; they never enter the context.
-        k = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+G, hd]
-        v = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
-        # GQA without repeating K/V: fold each kv-group's query heads into the query axis.
-        grp = self.n_heads // self.n_kv
-        q = q.view(B, G, self.n_kv, grp, self.hd).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, grp * G, self.hd)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd**-0.5)
-        o = o.view(B, self.n_kv, grp, G, self.hd).permute(0, 3, 1, 2, 4).reshape(B, G, -1)
-        return self.o_proj(o)
 
 
 class MLP(nn.Module):
@@ -151,10 +121,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
-
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class MarkovHead(nn.Module):
@@ -228,6 +194,7 @@ class DSparkDrafter(nn.Module):
         else:
             self.draft_vocab = None
         self._rope: dict = {}  # device -> (cos, sin) half tables, built lazily in fp32
+        self._rope_full: dict = {}  # (device, dtype) -> full-width tables in the model dtype, for the paged path
         # Sequential Temperature Scaling of the confidence logits, one temperature per block position
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
@@ -275,7 +242,6 @@ class DSparkDrafter(nn.Module):
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
-            attn.fused_norm_rope = ops.k.norm_rope if ops.fused else None
             mlp.gate_up = (fused(mlp.gate_proj, mlp.up_proj), ops)
         self._ctx_kv = fused(*[p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
         ch = self.confidence_head
@@ -321,43 +287,51 @@ class DSparkDrafter(nn.Module):
             tab = self._rope[positions.device] = (freqs.cos(), freqs.sin())
         return tab[0][positions], tab[1][positions]
 
+    def rope_full(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full-width cos/sin [n, hd] in the model dtype (the engine's rope_and_cache layout), for positions [n]."""
+        key = (positions.device, self.dtype)
+        tab = self._rope_full.get(key)
+        if tab is None:
+            c, s = self.rope(torch.arange(self.config.max_position_embeddings, device=positions.device))
+            tab = self._rope_full[key] = (torch.cat((c, c), -1).to(self.dtype), torch.cat((s, s), -1).to(self.dtype))
+        return tab[0].index_select(0, positions), tab[1].index_select(0, positions)
+
     # -- context ---------------------------------------------------------------
     @torch.no_grad()
-    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Raw target taps [n, n_taps*d] at absolute positions [n] -> per-layer K/V [n, L, 2, n_kv, hd].
-
-        The context feature hidden_norm(fc(taps)) is shared by all layers and goes straight into
-        each layer's k_proj/v_proj (no input_layernorm), K gets k_norm then rope at its position.
-        """
+    def context_kv_rows(self, taps: torch.Tensor) -> torch.Tensor:
+        """Raw target taps [n, n_taps*d] -> every layer's [k_proj ; v_proj] of the context feature
+        hidden_norm(fc(taps)): [n, L, 2*n_kv*hd], before k_norm and rope (the pool applies those as it writes)."""
         ctx = self.hidden_norm(self.fc(taps.to(self.dtype)))
-        cos, sin = self.rope(positions)
         if self._ctx_kv is not None:  # every layer's k_proj and v_proj in one matmul
-            n, L, kvh, hd = ctx.shape[0], len(self.layers), self.config.num_key_value_heads, self.config.head_dim
-            kv = self._ctx_kv(ctx).view(n, L, 2, kvh, hd)
-            for i, layer in enumerate(self.layers):
-                kv[:, i, 0] = layer.self_attn.norm_rope(kv[:, i, 0], layer.self_attn.k_norm, cos, sin)
-            return kv
-        kvs = [torch.stack(layer.self_attn.kv(ctx, cos, sin), dim=1) for layer in self.layers]
-        return torch.stack(kvs, dim=1)
+            return self._ctx_kv(ctx).view(ctx.shape[0], len(self.layers), -1)
+        return torch.stack([torch.cat((layer.self_attn.k_proj(ctx), layer.self_attn.v_proj(ctx)), -1)
+                            for layer in self.layers], dim=1)
 
-    # -- block -----------------------------------------------------------------
     @torch.no_grad()
-    def block_hidden(self, ctx_kv, ctx_valid, anchor_ids, anchor_pos) -> torch.Tensor:
-        """One backbone pass for B blocks [anchor, mask x (gamma-1)] at positions anchor_pos + j.
+    def block_hidden_paged(self, anchor_ids, anchor_pos, meta, cache, ops) -> torch.Tensor:
+        """block_hidden, reading each sequence's context in place from the pool's paged caches (engine.attention
+        layouts): every layer writes the block's K/V into slots just after its sequence's context (lent by the pool
+        for this call, beyond the context's length, so they never become context) and attends with causal=False
+        metadata. anchor_ids/anchor_pos [B]; returns h [B, gamma, d]."""
+        from engine.attention import paged_attention
 
-        ctx_kv [B,T,L,2,n_kv,hd] (padded), ctx_valid [B,T] bool, anchor_ids/anchor_pos [B].
-        Returns the final-normed hidden states h [B, gamma, d]; h_j predicts anchor_pos + j + 1.
-        Block queries see every valid context token and the whole block (non-causal).
-        """
         B, G = anchor_ids.shape[0], self.gamma
         ids = torch.full((B, G), self.config.mask_token_id, dtype=torch.long, device=anchor_ids.device)
         ids[:, 0] = anchor_ids
-        x = self.embed_tokens(ids)
-        cos, sin = self.rope(anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device))
-        mask = torch.cat((ctx_valid, ctx_valid.new_ones(B, G)), dim=1)[:, None, None, :]
+        x = self.embed_tokens(ids).view(B * G, -1)
+        cos, sin = self.rope_full((anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device)).view(-1))
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, ctx_kv[:, :, i, 0], ctx_kv[:, :, i, 1], mask)
-        return self.norm(x)
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            if attn.qkv is not None:
+                qkv = attn.qkv(h)
+            else:
+                qkv = torch.cat((attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)), -1)
+            q = ops.rope_and_cache(qkv, cos, sin, meta.slot_mapping, cache.k[i], cache.v[i], attn.n_heads, attn.n_kv,
+                                   attn.q_norm.weight, attn.k_norm.weight, attn.k_norm.eps)
+            x = x + attn.o_proj(paged_attention(q, cache.k[i], cache.v[i], meta, attn.hd ** -0.5, ops.k))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x).view(B, G, -1)
 
     @torch.no_grad()
     def decode(self, h, anchor_ids, temperature=None, uniforms=None, probs_format: str = "full") -> DraftProposal:

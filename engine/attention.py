@@ -71,22 +71,25 @@ class AttentionMetadata:
     small: SmallGroup | None
     prefills: list[PrefillChunk]
     k_transposed: bool  # K cache layout of the CPU kernel
+    causal: bool = True  # False: every query of a segment sees all of its sequence's keys (the drafter's blocks)
 
 
 def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_per_kv: int, device: torch.device,
-                   fused: bool) -> AttentionMetadata:
+                   fused: bool, causal: bool = True) -> AttentionMetadata:
     """seqs: (q_len, num_cached_before, block_table) per sequence, in packed order, short queries first.
-    `fused`: build the small group for the CPU kernel rather than for SDPA."""
+    `fused`: build the small group for the CPU kernel rather than for SDPA. `causal=False` (all sequences go to the
+    small group): each segment's queries see all of its keys, as the drafter's block attends to itself."""
     slots: list[int] = []
     for q_len, start, table in seqs:
         for pos in range(start, start + q_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
-    n_small = sum(1 for s in seqs if s[0] <= SMALL_QUERY)
+    n_small = sum(1 for s in seqs if s[0] <= SMALL_QUERY) if causal else len(seqs)
     assert all(s[0] <= SMALL_QUERY for s in seqs[:n_small]), "short queries must come first"
     small = seqs[:n_small]
     group = None
     if small:
-        group = _kernel_group(small, block_size, device) if fused else _sdpa_group(small, block_size, q_per_kv, device)
+        group = (_kernel_group(small, block_size, device) if fused
+                 else _sdpa_group(small, block_size, q_per_kv, device, causal))
     prefills = []
     row = sum(s[0] for s in small)
     for q_len, start, table in seqs[n_small:]:
@@ -97,7 +100,8 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
             mask = (keys[None, :] <= start + torch.arange(q_len)[:, None])[None, None].to(device)
         prefills.append(PrefillChunk(row, q_len, start, torch.tensor(table[:nb]).to(device), mask))
         row += q_len
-    return AttentionMetadata(torch.tensor(slots, dtype=torch.long).to(device), group, prefills, k_transposed=fused)
+    return AttentionMetadata(torch.tensor(slots, dtype=torch.long).to(device), group, prefills, k_transposed=fused,
+                             causal=causal)
 
 
 def _kernel_group(seqs, block_size, device) -> SmallGroup:
@@ -113,7 +117,7 @@ def _kernel_group(seqs, block_size, device) -> SmallGroup:
     return SmallGroup(B, max(q_lens), sum(q_lens), cu_q=cu_q, ctx_len=ctx_len, block_tables=tables)
 
 
-def _sdpa_group(seqs, block_size, q_per_kv, device) -> SmallGroup:
+def _sdpa_group(seqs, block_size, q_per_kv, device, causal: bool = True) -> SmallGroup:
     B = len(seqs)
     max_q = max(q for q, _, _ in seqs)
     nb = max((start + q + block_size - 1) // block_size for q, start, _ in seqs)
@@ -123,7 +127,7 @@ def _sdpa_group(seqs, block_size, q_per_kv, device) -> SmallGroup:
     for b, (q_len, start, table) in enumerate(seqs):
         n = (start + q_len + block_size - 1) // block_size
         block_ids[b, :n] = torch.tensor(table[:n])
-        lim[b, :q_len] = start + torch.arange(q_len)
+        lim[b, :q_len] = start + (torch.arange(q_len) if causal else q_len - 1)
         lim[b, q_len:] = 0  # padded queries look at one key so softmax stays finite
         pad_rows.extend(range(b * max_q, b * max_q + q_len))
     keys = torch.arange(nb * block_size)
@@ -146,7 +150,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if g is not None:
         q_small = q[: g.num_tokens]
         if g.cu_q is not None:
-            outs.append(kernels.paged_attention(q_small, k_cache, v_cache, g.cu_q, g.ctx_len, g.block_tables, scale))
+            outs.append(kernels.paged_attention(q_small, k_cache, v_cache, g.cu_q, g.ctx_len, g.block_tables, scale,
+                                                meta.causal))
         else:
             outs.append(_sdpa_small(q_small, k_cache, v_cache, g, H, Hkv, D, scale))
     for p in meta.prefills:

@@ -178,6 +178,50 @@ def test_batched_propose_matches_reference(head):
     assert len(set(out.tokens.flatten().tolist())) > 3  # the test model is not degenerate
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+def test_paged_attention_kernel_path_matches_the_torch_path(dtype):
+    """With head_dim and page size multiples of 16 the pool attends with the engine's CPU kernel straight from its
+    pages (the block written past each context, non-causal); elsewhere, SDPA over gathered pages. Both match the
+    reference (float64) and each other, for contexts that end inside, at and across page boundaries."""
+    from engine.ops import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.skip("CPU kernels unavailable")
+    cfg = make_cfg(head_dim=16, block_size=5)
+    model = make_model(cfg, dtype=dtype)
+    lens = [0, 1, 11, 12, 16, 40]  # blocks of 5: ending inside, at, and past a 16-token page
+    fused, plain = DraftContextPool(model, max_tokens=512), DraftContextPool(model, max_tokens=512, kernels=False)
+    assert fused.ops.fused and not plain.ops.fused
+    reqs = {}
+    for pool in (fused, plain):
+        hs = [pool.create_context() for _ in lens]
+        pool.append_many([(h, rand_taps(cfg, n, seed=20 + i, dtype=dtype), torch.arange(n))
+                          for i, (h, n) in enumerate(zip(hs, lens))])
+        reqs[pool] = pool.propose([(h, (11 * i) % 60, n) for i, (h, n) in enumerate(zip(hs, lens))])
+    a, b = reqs[fused], reqs[plain]
+    tol = {F64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(a.probs, b.probs, rtol=0, atol=tol)
+    torch.testing.assert_close(a.confidence, b.confidence, rtol=0, atol=tol)
+    if dtype == F64:
+        W = weights(model)
+        for i, n in enumerate(lens):
+            toks, probs, _ = ref_draft(W, cfg, rand_taps(cfg, n, seed=20 + i), torch.arange(n), (11 * i) % 60, n)
+            assert torch.equal(a.tokens[i], toks)
+            torch.testing.assert_close(a.probs[i], probs, rtol=0, atol=1e-12)
+    assert fused.bytes_in_use == plain.bytes_in_use  # the pages lent to the blocks went back
+
+
+def test_one_block_per_context_per_call():
+    cfg = make_cfg()
+    pool = DraftContextPool(make_model(cfg), max_tokens=64)
+    h = pool.create_context()
+    pool.append(h, rand_taps(cfg, 5, seed=1), torch.arange(5))
+    twice = pool.propose([(h, 3, 5), (h, 3, 5)])  # the same block twice: one backbone pass, two rows
+    assert torch.equal(twice.tokens[0], twice.tokens[1])
+    with pytest.raises(ValueError, match="one block"):
+        pool.propose([(h, 3, 5), (h, 4, 5)])
+
+
 def test_batched_equals_per_sequence():
     cfg = make_cfg()
     model = make_model(cfg)

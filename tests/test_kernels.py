@@ -141,24 +141,6 @@ def test_argmax_rows_equals_torch(dtype):
     assert torch.equal(Ops(torch.device("cpu")).argmax(x), x.argmax(dim=-1))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_norm_rope_matches_torch(dtype):
-    """The drafter's fused q/k norm + rope, on a strided slice of a fused projection as the drafter calls it."""
-    from draft_service.model import RMSNorm, apply_rope
-
-    rows, heads, hd = 11, 3, 16
-    fused = torch.randn(rows, 2 * heads * hd + 5, dtype=dtype)
-    x = fused[:, 5:5 + heads * hd].view(rows, heads, hd)  # row stride 2*heads*hd + 5, heads contiguous
-    norm = RMSNorm(hd, 1e-6).to(dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(hd) + 0.5)
-        ang = torch.rand(rows, hd // 2) * 6
-        ref = apply_rope(norm(x.double()).double(), ang.cos().double(), ang.sin().double())
-        out = cpu_kernels().norm_rope(x, norm.weight, ang.cos(), ang.sin(), 1e-6)
-    assert out.shape == (rows, heads, hd) and out.is_contiguous()
-    close(out, ref, torch.float32 if dtype == torch.float64 else dtype)  # the tables are float32
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_vocab", [False, True])
 def test_markov_greedy_equals_the_step_by_step_loop(dtype, with_vocab):

@@ -161,13 +161,13 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
                           const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t num_heads,
                           int64_t num_kv_heads, const c10::optional<at::Tensor>& q_norm,
                           const c10::optional<at::Tensor>& k_norm, double eps) {
-  check_rows(qkv, "qkv");
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be CPU rows with unit stride");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   const int64_t T = qkv.size(0), D = v_cache.size(-1), BS = v_cache.size(1), half = D / 2;
   const bool paired = k_cache.dim() == 5;
-  const int64_t H = num_heads, Hkv = num_kv_heads, width = (H + 2 * Hkv) * D;
+  const int64_t H = num_heads, Hkv = num_kv_heads, width = (H + 2 * Hkv) * D, row_stride = qkv.stride(0);
   TORCH_CHECK(qkv.size(1) == width, "qkv width does not match the head counts");
   auto q_out = at::empty({T, H, D}, qkv.options());
   const int64_t* sp = slots.data_ptr<int64_t>();
@@ -183,7 +183,7 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
     at::parallel_for(0, T, 4, [&](int64_t b, int64_t e) {
       std::vector<scalar_t> tmp(D), kbuf(D);
       for (int64_t t = b; t < e; ++t) {
-        const scalar_t* row = qp + t * width;
+        const scalar_t* row = qp + t * row_stride;
         const scalar_t* c = cp + t * D;
         const scalar_t* s = snp + t * D;
         auto rope = [&](const scalar_t* x, const scalar_t* norm_w, scalar_t* dst) {
@@ -392,11 +392,11 @@ inline void pv(const float* const* prob, const float* inv_sum, const T* vc, cons
 template <typename T>
 void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t* table, int64_t q0, int64_t qn,
                     int64_t L, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS, float scale,
-                    float* scores, float* inv_sum, int64_t* limit) {
+                    bool causal, float* scores, float* inv_sum, int64_t* limit) {
   const int64_t rows = qn * G, nblocks = (L + BS - 1) / BS, Lp = nblocks * BS;
   const int64_t row_stride = Hkv * D;  // V elements between consecutive keys
   const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t r = 0; r < rows; ++r) limit[r] = L - qn + r / G;  // last visible key
+  for (int64_t r = 0; r < rows; ++r) limit[r] = causal ? L - qn + r / G : L - 1;  // last visible key
   auto groups = [&](auto&& body) {  // body(R, q row pointers, output row pointers, first row)
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const T* qr[4];
@@ -449,7 +449,7 @@ void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t*
 template <typename T>
 bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, const int64_t* cq, const int64_t* cl,
                                 const int64_t* bt, int64_t B, int64_t MB, int64_t H, int64_t Hkv, int64_t G, int64_t D,
-                                int64_t BS, bool paired, float scale) {
+                                int64_t BS, bool paired, float scale, bool causal) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (std::is_same_v<T, c10::BFloat16> && !paired) return false;
@@ -468,7 +468,7 @@ bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, co
         scores.resize(rows * ((L + BS - 1) / BS) * BS);
         inv_sum.resize(rows);
         limit.resize(rows);
-        attention_item(q, kc, vc, out, bt + b * MB, q0, qn, L, H, kh, G, D, Hkv, BS, scale, scores.data(),
+        attention_item(q, kc, vc, out, bt + b * MB, q0, qn, L, H, kh, G, D, Hkv, BS, scale, causal, scores.data(),
                        inv_sum.data(), limit.data());
       }
     });
@@ -480,7 +480,8 @@ bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, co
 
 // Attention of short query segments straight from the paged cache.
 // q [T, H, D]: the queries of B sequences packed, sequence b owning rows cu_q[b] .. cu_q[b+1]-1, which sit at the
-// last positions of its ctx_len[b] cached tokens; query i of a segment sees keys 0 .. ctx_len - q_len + i.
+// last positions of its ctx_len[b] cached tokens; query i of a segment sees keys 0 .. ctx_len - q_len + i, or with
+// causal false every key 0 .. ctx_len - 1 (the drafter's block, attended non-causally after its context).
 // K cache [num_blocks, Hkv, D, block_size] (keys transposed within a block, so scores accumulate across keys with no
 // horizontal sums); V cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]. block_size and D must be
 // multiples of 16. Returns [T, H * D].
@@ -490,7 +491,7 @@ bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, co
 // One work item is a (sequence, KV head): it reads that head's K and V once for all G query heads and all queries.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& cu_q, const at::Tensor& ctx_len, const at::Tensor& block_tables,
-                           double scale) {
+                           double scale, bool causal) {
   check_rows(q, "q");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_cache.size(1), BS = k_cache.size(3), G = H / Hkv;
@@ -511,7 +512,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     const scalar_t* kc = k_cache.data_ptr<scalar_t>();
     const scalar_t* vc = v_cache.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    if (register_blocked_attention(qp, kc, vc, op, cq, cl, bt, B, MB, H, Hkv, G, D, BS, paired, float(scale))) return;
+    if (register_blocked_attention(qp, kc, vc, op, cq, cl, bt, B, MB, H, Hkv, G, D, BS, paired, float(scale), causal))
+      return;
     at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
       std::vector<A> qbuf, scores, acc, inv_sum, tile(D * BS);
       std::vector<int64_t> limit;
@@ -531,7 +533,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
             const int64_t r = i * G + g;
             const scalar_t* src = qp + ((q0 + i) * H + kh * G + g) * D;
             for (int64_t d = 0; d < D; ++d) qbuf[r * D + d] = ld(src[d]) * A(scale);
-            limit[r] = L - qn + i;  // last visible key
+            limit[r] = causal ? L - qn + i : L - 1;  // last visible key
           }
         }
         // Scores, a block of keys at a time: s[r, j] = sum_d q[r, d] * K[d, j], 16 keys per register.
@@ -708,45 +710,6 @@ void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
   });
 }
 
-// The drafter's per-head q/k RMSNorm then rotary embedding (draft_service/model.py), one pass: x [rows, H, D] with
-// contiguous heads and any row stride (a slice of a fused projection's output), norm_w [D] (or none), cos/sin
-// [rows, D/2] half tables in float32 (the model's rope tables). Returns a contiguous [rows, H, D]. Rotates in the
-// accumulation type and rounds once, where eager PyTorch rounds after each of its ops.
-at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& norm_w, const at::Tensor& cos,
-                     const at::Tensor& sin, double eps) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3, "x must be a CPU tensor [rows, H, D]");
-  const int64_t rows = x.size(0), H = x.size(1), D = x.size(2), half = D / 2, stride = x.stride(0);
-  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == D, "x must have contiguous heads");
-  check_rows(cos, "cos");
-  check_rows(sin, "sin");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
-  TORCH_CHECK(cos.numel() == rows * half && sin.numel() == rows * half, "cos/sin must be [rows, D/2]");
-  auto out = at::empty({rows, H, D}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "norm_rope", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* wp = norm_w ? norm_w->data_ptr<scalar_t>() : nullptr;
-    const float* cp = cos.data_ptr<float>();
-    const float* snp = sin.data_ptr<float>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows * H, 16, [&](int64_t b, int64_t e) {
-      std::vector<scalar_t> tmp(D);
-      for (int64_t w = b; w < e; ++w) {
-        const int64_t r = w / H, h = w % H;
-        const scalar_t* src = xp + r * stride + h * D;
-        if (wp) {
-          rms_norm_row(src, wp, tmp.data(), D, eps);
-          src = tmp.data();
-        }
-        const float* c = cp + r * half;
-        const float* s = snp + r * half;
-        scalar_t* dst = op + w * D;
-        rope_row(src, c, s, c, s, half, dst);  // half tables: both halves rotate by the same angles
-      }
-    });
-  });
-  return out;
-}
-
 // Greedy left-to-right Markov decoding of the drafter's blocks at small batch (DSparkDrafter.decode): for block
 // position k = 0..G-1 and every sequence b, u[k, b] += W1[prev_b] @ w2t (in place, the arithmetic of add_lowrank_),
 // x = argmax u[k, b] (the first index of the maximum, as argmax_rows), prev_b = draft_vocab[x]. One call in place of
@@ -820,7 +783,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, release_gil());
   m.def("add_lowrank_", &add_lowrank_, release_gil());
   m.def("markov_greedy", &markov_greedy, release_gil());
-  m.def("norm_rope", &norm_rope, release_gil());
   m.def("rope_and_cache", &rope_and_cache, release_gil());
   m.def("paged_attention", &paged_attention, release_gil());
   m.def("silu_mul", &silu_mul, release_gil());
