@@ -70,7 +70,6 @@ class DraftContextPool:
             raise ValueError("budget is smaller than one page")
         self.cache = KVCache(cfg.num_hidden_layers, n_pages, page_size, cfg.num_key_value_heads, cfg.head_dim,
                              model.dtype, model.device, k_layout=self.ops.key_layout(model.dtype))
-        self._n_pages = n_pages
         self._free = list(range(n_pages - 1, -1, -1))  # stack of free page ids
         self._ctxs: dict[int, _Context] = {}
         self._next_handle = 0
@@ -78,7 +77,7 @@ class DraftContextPool:
     # -- accounting ------------------------------------------------------------
     @property
     def num_pages(self) -> int:
-        return self._n_pages
+        return self.cache.num_blocks
 
     @property
     def capacity_bytes(self) -> int:
@@ -186,11 +185,11 @@ class DraftContextPool:
         which = list(blocks)
         row_of = {key: i for i, key in enumerate(which)}
         ctxs = [self._get(h) for h, _, _ in which]
-        dev, P, B, G = self.model.device, self.page_size, len(which), self.model.gamma
+        dev, P, G = self.model.device, self.page_size, self.model.gamma
         # Each block goes just past its context: the pages it needs beyond the context's are lent for this call.
         lent = [max(0, math.ceil((c.length + G) / P) - len(c.pages)) for c in ctxs]
         if sum(lent) > len(self._free):
-            raise ContextPoolFull(f"draft context pool full: a round of {B} blocks needs {sum(lent)} pages for its "
+            raise ContextPoolFull(f"draft context pool full: a round of {len(which)} blocks needs {sum(lent)} pages for its "
                                   f"block K/V, {len(self._free)} free; release or truncate contexts")
         spare = [self._free.pop() for _ in range(sum(lent))]
         try:

@@ -291,7 +291,7 @@ class DraftGate:
     def _judge(self, num_decoding: int) -> int:
         """A load whose bucket decides for this one: itself, or, while its bucket has too little evidence of its own,
         the nearest lower bucket that has enough, if that one is closed. Drafting pays less as load grows (the draft
-        round's share of a step grows with the batch: 0.3 of a plain step at one sequence, 0.7 at 64 here), so a
+        round's share of a step grows with the batch: 0.26 of a plain step at one sequence, 0.66 at 64 here), so a
         load above one where drafting lost starts closed rather than drafting to explore; it still probes. (Explored
         fresh, buckets that load merely passed through, 13 to 15 sequences on the way to 16, drafted at 0.47-0.80x
         a plain step's goodput.)"""
