@@ -31,7 +31,10 @@ class Linear:
         self._packed = None
         if (weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
                 and torch.backends.mkldnn.is_available()):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+            try:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+            except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
+                return
             self.weight = None  # the packed copy is all that runs; dropping the plain one halves the weights' RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

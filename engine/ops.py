@@ -5,8 +5,10 @@ DSPARK_KERNELS=torch to use the PyTorch versions everywhere (also the fallback w
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -27,11 +29,24 @@ def cpu_kernels():
             try:
                 from torch.utils.cpp_extension import load
 
-                _kernels = load(name="dspark_cpu_kernels", sources=[str(_SOURCE)],
+                _kernels = load(name=f"dspark_cpu_kernels_{_cpu_tag()}", sources=[str(_SOURCE)],
                                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
             except Exception as exc:  # no compiler, no ninja: keep serving on the PyTorch path
                 log.warning("CPU kernels unavailable, using PyTorch ops: %s", exc)
     return _kernels
+
+
+def _cpu_tag() -> str:
+    """A short hash of this CPU's instruction-set flags. The kernels build with -march=native, and torch caches a
+    build by name and source only: a home directory shared by unlike machines (a Ray cluster's NFS home, an image
+    moved to another host) would otherwise load AVX-512 code on an AVX2-only CPU and die of SIGILL."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return hashlib.sha1(f"{platform.machine()} {' '.join(sorted(flags.split()))}".encode()).hexdigest()[:10]
 
 
 class Ops:
