@@ -14,8 +14,10 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512BF16__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__)
 constexpr bool kPairedKeys = true;  // bf16 K caches may use the dim-paired layout (see paged_attention)
 #else
 constexpr bool kPairedKeys = false;
@@ -253,7 +255,7 @@ inline void to_acc<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t 
 constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
 // Blocks of K (and V) requested ahead of the one being read. The hardware prefetcher does not run ahead across the
 // scattered 2 KB tiles of a block table: without this the kernel read the cache at 8-12 GB/s, with it at 17-20.
-constexpr int64_t kPrefetchBlocks = 2;  // 1 and 2 measured alike, 4 slower at 64 sequences
+constexpr int64_t kPrefetchBlocks = 2;  // 1 and 2 measured alike, 4 slower at 64 sequences (AVX-512 and AVX2)
 
 inline void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -281,58 +283,103 @@ inline void softmax_rows(A* scores, const int64_t* limit, int64_t rows, int64_t 
   }
 }
 
+// Register-blocked attention for one (sequence, KV head) on fp32 or bf16 rows, written once over a vector type:
+// 16 floats in a zmm register on AVX-512, 8 in a ymm on AVX2 + FMA. The query rows of a head go through each K or V
+// load together, with their accumulators in registers.
 #if defined(__AVX512F__)
-// Register-blocked attention for one (sequence, KV head), bf16 with paired keys or fp32 with transposed keys: the
-// query rows of a head go through each K or V load together, with their accumulators in registers.
-inline __m512 load16(const c10::BFloat16* p) {  // widened to fp32 (exact)
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline void store16(c10::BFloat16* p, __m512 v) {  // round to nearest even, as st<BFloat16>
+#define DSPARK_REGISTER_BLOCKED 1
+struct Vec {
+  using reg = __m512;
+  static constexpr int64_t lanes = 16;
+  // Value accumulators a row group keeps in registers (R rows x NV vectors): 32 zmm registers hold 4 x 4 and the loads.
+  static constexpr int max_nv(int) { return 4; }
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static reg load(const c10::BFloat16* p) {  // widened to fp32 (exact)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+  }
+  static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static void store(c10::BFloat16* p, reg v) {  // round to nearest even, as st<BFloat16>
 #if defined(__AVX512BF16__)
-  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
+    _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
 #else
-  alignas(64) float f[kLanes];
-  _mm512_store_ps(f, v);
-  for (int64_t l = 0; l < kLanes; ++l) p[l] = st<c10::BFloat16>(f[l]);
+    alignas(64) float f[lanes];
+    _mm512_store_ps(f, v);
+    for (int64_t l = 0; l < lanes; ++l) p[l] = st<c10::BFloat16>(f[l]);
 #endif
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+  }
+};
+#elif defined(__AVX2__) && defined(__FMA__)
+#define DSPARK_REGISTER_BLOCKED 1
+struct Vec {
+  using reg = __m256;
+  static constexpr int64_t lanes = 8;
+  // 16 ymm registers: 4 rows keep 2 vectors each, 1-2 rows keep 4 (the accumulators plus the loads and a broadcast).
+  static constexpr int max_nv(int rows) { return rows >= 3 ? 2 : 4; }
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static reg load(const c10::BFloat16* p) {  // widened to fp32 (exact)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static void store(c10::BFloat16* p, reg v) {  // round to nearest even, as st<BFloat16>
+    alignas(32) float f[lanes];
+    _mm256_store_ps(f, v);
+    for (int64_t l = 0; l < lanes; ++l) p[l] = st<c10::BFloat16>(f[l]);
+  }
+};
+#endif
+
+#if defined(DSPARK_REGISTER_BLOCKED)
+using vreg = Vec::reg;
 
 // Scores of R query rows against one block of keys, dst[r][j] = scale * sum_d q_r[d] K[d, j]; C chains per row
-// cover the latency of the dot products. bf16: K [D / 2, BS, 2] (paired), one vdpbf16ps takes two dims of 16 keys
-// straight from the cache (products of two bf16 are exact in fp32). fp32: K [D, BS].
+// cover the latency of the dot products. K [D, BS] (transposed; bf16 widened on load), or for bf16 with paired keys
+// K [D / 2, BS, 2], where one vdpbf16ps takes two dims of 16 keys straight from the cache (products of two bf16 are
+// exact in fp32).
 template <int R, typename T>
-inline void block_scores(const T* const* q, const T* kt, int64_t D, int64_t BS, __m512 vscale, float* const* dst) {
+inline void block_scores(const T* const* q, const T* kt, int64_t D, int64_t BS, bool paired, vreg vscale,
+                         float* const* dst) {
   constexpr int C = R <= 2 ? 4 : 2;
-  for (int64_t j0 = 0; j0 < BS; j0 += kLanes) {
-    __m512 acc[R][C];
+  for (int64_t j0 = 0; j0 < BS; j0 += Vec::lanes) {
+    vreg acc[R][C];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
 #if defined(__AVX512BF16__)
-      for (int64_t p = 0; p < D / 2; p += C) {
-        for (int c = 0; c < C; ++c) {
-          const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + ((p + c) * BS + j0) * 2);
-          for (int r = 0; r < R; ++r) {  // two query dims per 32-bit word, low half first, as vdpbf16ps pairs them
-            const int32_t qpair = reinterpret_cast<const int32_t*>(q[r])[p + c];
-            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_set1_epi32(qpair), k);
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (paired) {
+        for (int64_t p = 0; p < D / 2; p += C) {
+          for (int c = 0; c < C; ++c) {
+            const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + ((p + c) * BS + j0) * 2);
+            for (int r = 0; r < R; ++r) {  // two query dims per 32-bit word, low half first, as vdpbf16ps pairs them
+              const int32_t qpair = reinterpret_cast<const int32_t*>(q[r])[p + c];
+              acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_set1_epi32(qpair), k);
+            }
           }
         }
       }
+    }
 #endif
-    } else {
+    if (!paired) {
       for (int64_t d = 0; d < D; d += C) {
         for (int c = 0; c < C; ++c) {
-          const __m512 k = _mm512_loadu_ps(kt + (d + c) * BS + j0);
-          for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d + c]), k, acc[r][c]);
+          const vreg k = Vec::load(kt + (d + c) * BS + j0);
+          for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::set1(ld(q[r][d + c])), k, acc[r][c]);
         }
       }
     }
     for (int r = 0; r < R; ++r) {
-      __m512 sum = acc[r][0];
-      for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
-      _mm512_storeu_ps(dst[r] + j0, _mm512_mul_ps(sum, vscale));
+      vreg sum = acc[r][0];
+      for (int c = 1; c < C; ++c) sum = Vec::add(sum, acc[r][c]);
+      Vec::store(dst[r] + j0, Vec::mul(sum, vscale));
     }
   }
 }
@@ -344,43 +391,47 @@ inline void prefetch_v_block(const T* vc, int64_t block, int64_t BS, int64_t row
   for (int64_t j = 0; j < BS; ++j) prefetch_lines(vb + j * row_stride, D * sizeof(T));
 }
 
-// out_r[d0 .. d0 + 16 NV) = inv_sum_r * sum_j p_r[j] V[j, d0 ..] over every block, for R rows: the R x NV fp32
+// out_r[d0 .. d0 + NV lanes) = inv_sum_r * sum_j p_r[j] V[j, d0 ..] over every block, for R rows: the R x NV
 // accumulators stay in registers across the blocks, and each V row is loaded (widened) once for all R rows.
 template <int R, int NV, typename T>
 inline void rows_pv(const float* const* prob, const float* inv_sum, const T* vc, const int64_t* table,
                     int64_t nblocks, int64_t BS, int64_t row_stride, int64_t kh, int64_t D, int64_t d0,
                     T* const* out, bool prefetch) {
-  __m512 acc[R][NV];
+  vreg acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NV; ++c) acc[r][c] = Vec::zero();
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     if (prefetch && d0 == 0 && blk + kPrefetchBlocks < nblocks)
       prefetch_v_block(vc, table[blk + kPrefetchBlocks], BS, row_stride, kh, D);
     const T* vb = vc + table[blk] * BS * row_stride + kh * D + d0;
     for (int64_t j = 0; j < BS; ++j) {
-      __m512 v[NV];
-      for (int c = 0; c < NV; ++c) v[c] = load16(vb + j * row_stride + c * kLanes);
+      vreg v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = Vec::load(vb + j * row_stride + c * Vec::lanes);
       for (int r = 0; r < R; ++r) {
-        const __m512 p = _mm512_set1_ps(prob[r][blk * BS + j]);
-        for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+        const vreg p = Vec::set1(prob[r][blk * BS + j]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = Vec::fma(p, v[c], acc[r][c]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    const __m512 s = _mm512_set1_ps(inv_sum[r]);
-    for (int c = 0; c < NV; ++c) store16(out[r] + d0 + c * kLanes, _mm512_mul_ps(acc[r][c], s));
+    const vreg s = Vec::set1(inv_sum[r]);
+    for (int c = 0; c < NV; ++c) Vec::store(out[r] + d0 + c * Vec::lanes, Vec::mul(acc[r][c], s));
   }
 }
 
 template <int R, typename T>
 inline void pv(const float* const* prob, const float* inv_sum, const T* vc, const int64_t* table, int64_t nblocks,
                int64_t BS, int64_t row_stride, int64_t kh, int64_t D, T* const* out, bool prefetch) {
-  for (int64_t d0 = 0; d0 < D; d0 += 4 * kLanes) {
-    switch (std::min<int64_t>(4, (D - d0) / kLanes)) {
-      case 4: rows_pv<R, 4>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
-      case 3: rows_pv<R, 3>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
-      case 2: rows_pv<R, 2>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
-      default: rows_pv<R, 1>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch); break;
+  constexpr int kMaxNV = Vec::max_nv(R);
+  for (int64_t d0 = 0; d0 < D; d0 += kMaxNV * Vec::lanes) {
+    auto run = [&](auto nv) {
+      rows_pv<R, decltype(nv)::value>(prob, inv_sum, vc, table, nblocks, BS, row_stride, kh, D, d0, out, prefetch);
+    };
+    switch (std::min<int64_t>(kMaxNV, (D - d0) / Vec::lanes)) {
+      case 4: run(std::integral_constant<int, std::min(4, kMaxNV)>()); break;
+      case 3: run(std::integral_constant<int, std::min(3, kMaxNV)>()); break;
+      case 2: run(std::integral_constant<int, 2>()); break;
+      default: run(std::integral_constant<int, 1>()); break;
     }
   }
 }
@@ -391,11 +442,11 @@ inline void pv(const float* const* prob, const float* inv_sum, const T* vc, cons
 // (Reading all KV heads of a block in one item, one contiguous read per block, measured slower.)
 template <typename T>
 void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t* table, int64_t q0, int64_t qn,
-                    int64_t L, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS, float scale,
-                    bool causal, float* scores, float* inv_sum, int64_t* limit) {
+                    int64_t L, int64_t H, int64_t kh, int64_t G, int64_t D, int64_t Hkv, int64_t BS, bool paired,
+                    float scale, bool causal, float* scores, float* inv_sum, int64_t* limit) {
   const int64_t rows = qn * G, nblocks = (L + BS - 1) / BS, Lp = nblocks * BS;
   const int64_t row_stride = Hkv * D;  // V elements between consecutive keys
-  const __m512 vscale = _mm512_set1_ps(scale);
+  const vreg vscale = Vec::set1(scale);
   for (int64_t r = 0; r < rows; ++r) limit[r] = causal ? L - qn + r / G : L - 1;  // last visible key
   auto groups = [&](auto&& body) {  // body(R, q row pointers, output row pointers, first row)
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
@@ -421,10 +472,10 @@ void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t*
       float* dst[4];
       for (int64_t r = 0; r < R; ++r) dst[r] = scores + (r0 + r) * Lp + blk * BS;
       switch (R) {
-        case 4: block_scores<4>(qr, kt, D, BS, vscale, dst); break;
-        case 3: block_scores<3>(qr, kt, D, BS, vscale, dst); break;
-        case 2: block_scores<2>(qr, kt, D, BS, vscale, dst); break;
-        default: block_scores<1>(qr, kt, D, BS, vscale, dst); break;
+        case 4: block_scores<4>(qr, kt, D, BS, paired, vscale, dst); break;
+        case 3: block_scores<3>(qr, kt, D, BS, paired, vscale, dst); break;
+        case 2: block_scores<2>(qr, kt, D, BS, paired, vscale, dst); break;
+        default: block_scores<1>(qr, kt, D, BS, paired, vscale, dst); break;
       }
     });
   }
@@ -444,15 +495,14 @@ void attention_item(const T* q, const T* kc, const T* vc, T* out, const int64_t*
 }
 #endif
 
-// The register-blocked path over all (sequence, KV head) items, where it applies: fp32 (transposed keys) or bf16
-// with paired keys, on a CPU with AVX-512. Returns false where the generic loop must run instead.
+// The register-blocked path over all (sequence, KV head) items, where it applies: fp32 or bf16 on a CPU with AVX-512
+// or AVX2 + FMA. Returns false where the generic loop must run instead (fp64, fp16, other CPUs).
 template <typename T>
 bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, const int64_t* cq, const int64_t* cl,
                                 const int64_t* bt, int64_t B, int64_t MB, int64_t H, int64_t Hkv, int64_t G, int64_t D,
                                 int64_t BS, bool paired, float scale, bool causal) {
-#if defined(__AVX512F__)
+#if defined(DSPARK_REGISTER_BLOCKED)
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    if (std::is_same_v<T, c10::BFloat16> && !paired) return false;
     at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores, inv_sum;
       std::vector<int64_t> limit;
@@ -468,7 +518,7 @@ bool register_blocked_attention(const T* q, const T* kc, const T* vc, T* out, co
         scores.resize(rows * ((L + BS - 1) / BS) * BS);
         inv_sum.resize(rows);
         limit.resize(rows);
-        attention_item(q, kc, vc, out, bt + b * MB, q0, qn, L, H, kh, G, D, Hkv, BS, scale, causal, scores.data(),
+        attention_item(q, kc, vc, out, bt + b * MB, q0, qn, L, H, kh, G, D, Hkv, BS, paired, scale, causal, scores.data(),
                        inv_sum.data(), limit.data());
       }
     });
