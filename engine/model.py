@@ -14,30 +14,45 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
-from engine.ops import Ops
+from engine.ops import Ops, cpu_kernels
 
 
 class Linear:
     """y = x W^T + b. On CPU in bf16 and fp32 the weight is prepacked for oneDNN: for the default model's layers,
     1.2-1.4x faster than F.linear in bf16 and 2.4x in fp32 (F.linear's fp32 path is MKL's sgemm, which is about
-    half as fast on this AMD CPU). fp64 and fp16 keep F.linear."""
+    half as fast on these AMD CPUs). fp64 and fp16 keep F.linear.
+
+    A few rows (a decode step, a short verify segment) are memory-bound: every weight is read once for a handful of
+    FMAs. There the kernels' `linear_small` streams the plain weight at close to the machine's read bandwidth, where
+    oneDNN's GEMM reached about 75% of it (the default model's linears in fp32 at 1 / 2 / 4 rows on a 2-core AVX2
+    EPYC: 36 / 42 / 54 ms against 48 / 55 / 62). So where that kernel exists the fp32 plain weight is kept beside the
+    packed one, which costs the weights' memory once more. bf16 takes it only where oneDNN cannot pack bf16 (no
+    AVX512-BW/VL/DQ): with AVX512-BF16 oneDNN's bf16 path was not measured against it."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
+    SMALL_ROWS = 4  # up to here linear_small beats oneDNN (1.35x at 1 row, 1.13x at 4, level at 8)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
         self.in_features = weight.shape[1]
         self._packed = None
-        if (weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
-                and torch.backends.mkldnn.is_available()):
+        self._small = None
+        cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
+        if cpu and torch.backends.mkldnn.is_available():
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
             except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
-                return
+                pass
+        k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
+        if k is not None and k.has_linear_small() and (weight.dtype == torch.float32 or self._packed is None):
+            self._small = k
+        if self._packed is not None and self._small is None:
             self.weight = None  # the packed copy is all that runs; dropping the plain one halves the weights' RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._small is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_ROWS and x.is_contiguous():
+            return self._small.linear_small(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -134,6 +134,30 @@ def test_paged_attention_mixed_batch(dtype, layout):
     close(out, want, dtype)
 
 
+@pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_small_against_float64(dtype, with_bias):
+    """The few-row linear kernel, 1 to 8 rows, an output count that leaves a tail after the kernel's groups of rows
+    (101), and two widths; then Linear, which routes up to SMALL_ROWS rows to it and more rows to oneDNN or F.linear,
+    gives the same answer either way."""
+    from engine.model import Linear
+
+    gen = torch.Generator().manual_seed(0)
+    for K in (64, 1536):
+        w = (torch.randn(101, K, generator=gen) / K ** 0.5).to(dtype)
+        b = torch.randn(101, generator=gen).to(dtype) if with_bias else None
+        lin = Linear(w, b)
+        for m in range(1, 9):
+            x = torch.randn(m, K, generator=gen).to(dtype)
+            want = x.double() @ w.double().T + (b.double() if with_bias else 0)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(cpu_kernels().linear_small(x, w, b).double(), want, rtol=tol, atol=tol)
+            torch.testing.assert_close(lin(x).double(), want, rtol=tol, atol=tol)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        cpu_kernels().linear_small(torch.zeros(9, 64, dtype=dtype), w[:, :64].contiguous(), None)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_rows_equals_torch(dtype):
     x = torch.randn(9, 5000, dtype=dtype)

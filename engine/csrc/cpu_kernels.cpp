@@ -824,6 +824,87 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
   return {local, prev_all};
 }
 
+#if defined(DSPARK_REGISTER_BLOCKED)
+namespace {
+inline float hsum(vreg v) {
+  alignas(64) float f[Vec::lanes];
+  Vec::store(f, v);
+  float s = 0.0f;
+  for (int64_t l = 0; l < Vec::lanes; ++l) s += f[l];
+  return s;
+}
+
+// y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows,
+// two chains per accumulator cover the FMA latency, and the M x NJ sums stay in registers over the whole of K.
+template <int M, int NJ, typename T>
+inline void rows_dot(const T* x, const T* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
+  vreg acc[M][NJ];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::zero();
+  for (int64_t k = 0; k < K; k += Vec::lanes) {
+    vreg wv[NJ];
+    for (int j = 0; j < NJ; ++j) wv[j] = Vec::load(w + (j0 + j) * K + k);
+    for (int m = 0; m < M; ++m) {
+      const vreg xv = Vec::load(x + m * K + k);
+      for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::fma(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NJ; ++j)
+      y[m * N + j0 + j] = st<T>(hsum(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
+}
+
+template <int M, typename T>
+void linear_rows(const T* x, const T* w, const T* bias, T* y, int64_t K, int64_t N) {
+  // Weight rows per pass: as many as the registers hold beside M x NJ accumulators.
+  constexpr int NJ = Vec::lanes == 16 ? (M <= 2 ? 8 : M <= 4 ? 4 : 2) : (M <= 2 ? 4 : M <= 4 ? 2 : 1);
+  at::parallel_for(0, N / NJ, 64, [&](int64_t b, int64_t e) {
+    for (int64_t g = b; g < e; ++g) rows_dot<M, NJ>(x, w, bias, y, K, N, g * NJ);
+  });
+  for (int64_t j = N / NJ * NJ; j < N; ++j) rows_dot<M, 1>(x, w, bias, y, K, N, j);
+}
+}  // namespace
+#endif
+
+// y = x w^T + b for a few rows of x (a decode step, a short verify segment, a draft block): x [M, K], w [N, K]
+// row-major, 1 <= M <= 8, K a multiple of 16, fp32 or bf16 (accumulated in fp32). Memory-bound at these sizes: the
+// weights stream once, split across the threads, each weight vector used for every row of x. Only where the
+// register-blocked code is built (has_linear_small).
+at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  check_rows(x, "x");
+  check_rows(w, "w");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "linear_small: x and w must both be float32 or both bfloat16");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(1) % 16 == 0,
+              "linear_small: x [M, K] and w [N, K] with K a multiple of 16");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "linear_small: 1 to 8 rows");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = at::empty({M, N}, x.options());
+#if defined(DSPARK_REGISTER_BLOCKED)
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "linear_small", [&] {
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
+      const scalar_t* xp = x.data_ptr<scalar_t>();
+      const scalar_t* wp = w.data_ptr<scalar_t>();
+      const scalar_t* bp = bias ? bias->data_ptr<scalar_t>() : nullptr;
+      scalar_t* yp = y.data_ptr<scalar_t>();
+      switch (M) {
+        case 1: linear_rows<1>(xp, wp, bp, yp, K, N); break;
+        case 2: linear_rows<2>(xp, wp, bp, yp, K, N); break;
+        case 3: linear_rows<3>(xp, wp, bp, yp, K, N); break;
+        case 4: linear_rows<4>(xp, wp, bp, yp, K, N); break;
+        case 5: linear_rows<5>(xp, wp, bp, yp, K, N); break;
+        case 6: linear_rows<6>(xp, wp, bp, yp, K, N); break;
+        case 7: linear_rows<7>(xp, wp, bp, yp, K, N); break;
+        default: linear_rows<8>(xp, wp, bp, yp, K, N); break;
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "linear_small needs AVX2 + FMA or AVX-512");
+#endif
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released while a kernel runs (as torch's own ops do), so a server's event-loop thread can work beside
   // the engine thread instead of waiting for it and then holding it up.
@@ -836,5 +917,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache, release_gil());
   m.def("paged_attention", &paged_attention, release_gil());
   m.def("silu_mul", &silu_mul, release_gil());
+  m.def("linear_small", &linear_small, release_gil());
+#if defined(DSPARK_REGISTER_BLOCKED)
+  m.def("has_linear_small", [] { return true; });
+#else
+  m.def("has_linear_small", [] { return false; });
+#endif
   m.def("paired_keys", [] { return kPairedKeys; }, "whether bf16 K caches can use the dim-paired layout");
 }
