@@ -154,6 +154,8 @@ def plot(report: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for dtype, style in zip(DTYPES, ("--", "-")):
+        if dtype not in report:
+            continue
         for system, color in (("engine", "C0"), ("hf_generate", "C1"), ("hf_generate_batch", "C2")):
             res = report[dtype].get(system, {}).get("results")
             if res:
@@ -181,16 +183,31 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def machine() -> str:
+    """The CPU, its core count and whether it has AVX-512 / AVX512-BF16 (what the kernels and dtype "auto" use)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), model)
+        flags = set(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split())
+    except OSError:
+        pass
+    isa = "avx512_bf16" if "avx512_bf16" in flags else "avx512f" if "avx512f" in flags else \
+        "avx2" if "avx2" in flags else "no avx2"
+    return f"{model}, {mp.cpu_count()} cores, {isa}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="16 new tokens, to check the script")
     ap.add_argument("--skip-hf-batch", action="store_true")
+    ap.add_argument("--dtypes", default=",".join(DTYPES),
+                    help="comma-separated; a CPU without AVX512-BF16 runs bf16 matmuls several times slower than fp32")
     args = ap.parse_args()
     n = 16 if args.quick else args.new_tokens
-    report = {"new_tokens": n, "machine": f"{platform.machine()}, {mp.cpu_count()} cores",
-              "date": time.strftime("%Y-%m-%d %H:%M")}
-    for dtype in DTYPES:
+    report = {"new_tokens": n, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    for dtype in args.dtypes.split(","):
         report[dtype] = {}
         for system, target, extra in (("engine", run_engine, ()), ("hf_generate", run_hf, (False,)),
                                       ("hf_generate_batch", run_hf, (True,))):
@@ -213,7 +230,7 @@ def print_table(report: dict) -> None:
     print("| dtype | conc | engine tok/s | step ms | linear-only ms | step/linear | HF generate tok/s | x HF | "
           "HF generate_batch tok/s | peak RSS MB (engine / HF) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for dtype in DTYPES:
+    for dtype in (d for d in DTYPES if d in report):
         eng = report[dtype]["engine"]
         hf = report[dtype].get("hf_generate", {})
         hfb = report[dtype].get("hf_generate_batch", {})
