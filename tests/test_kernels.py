@@ -158,6 +158,28 @@ def test_linear_small_against_float64(dtype, with_bias):
         cpu_kernels().linear_small(torch.zeros(9, 64, dtype=dtype), w[:, :64].contiguous(), None)
 
 
+@pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
+def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
+    """An fp32 weight that bf16 holds exactly runs the kernel from a bf16 copy (half the bytes) up to 8 rows: the same
+    bits as from the fp32 weight, and float64's answer. A weight bf16 cannot hold keeps fp32 and the 4-row cutoff."""
+    from engine.model import Linear
+
+    gen = torch.Generator().manual_seed(1)
+    exact = (torch.randn(203, 576, generator=gen) / 24).to(torch.bfloat16).float()
+    inexact = exact + 1e-4 * torch.randn(203, 576, generator=gen)
+    b = torch.randn(203, generator=gen)
+    held, plain = Linear(exact, b), Linear(inexact, b)
+    assert held._small_weight.dtype == torch.bfloat16 and held._small_rows == 8
+    assert plain._small_weight.dtype == torch.float32 and plain._small_rows == Linear.SMALL_ROWS
+    for m in range(1, 9):
+        x = torch.randn(m, 576, generator=gen)
+        y = held(x)
+        assert torch.equal(y, cpu_kernels().linear_small(x, exact, b))
+        torch.testing.assert_close(y.double(), x.double() @ exact.double().T + b.double(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="x float32 or bfloat16, w the same or bfloat16"):
+        cpu_kernels().linear_small(torch.zeros(2, 576, dtype=torch.bfloat16), exact, None)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_rows_equals_torch(dtype):
     x = torch.randn(9, 5000, dtype=dtype)

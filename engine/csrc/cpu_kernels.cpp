@@ -836,8 +836,8 @@ inline float hsum(vreg v) {
 
 // y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows,
 // two chains per accumulator cover the FMA latency, and the M x NJ sums stay in registers over the whole of K.
-template <int M, int NJ, typename T>
-inline void rows_dot(const T* x, const T* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
+template <int M, int NJ, typename T, typename W>
+inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
   vreg acc[M][NJ];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::zero();
@@ -854,8 +854,8 @@ inline void rows_dot(const T* x, const T* w, const T* bias, T* y, int64_t K, int
       y[m * N + j0 + j] = st<T>(hsum(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
 }
 
-template <int M, typename T>
-void linear_rows(const T* x, const T* w, const T* bias, T* y, int64_t K, int64_t N) {
+template <int M, typename T, typename W>
+void linear_rows(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N) {
   // Weight rows per pass: as many as the registers hold beside M x NJ accumulators.
   constexpr int NJ = Vec::lanes == 16 ? (M <= 2 ? 8 : M <= 4 ? 4 : 2) : (M <= 2 ? 4 : M <= 4 ? 2 : 1);
   at::parallel_for(0, N / NJ, 64, [&](int64_t b, int64_t e) {
@@ -867,38 +867,45 @@ void linear_rows(const T* x, const T* w, const T* bias, T* y, int64_t K, int64_t
 #endif
 
 // y = x w^T + b for a few rows of x (a decode step, a short verify segment, a draft block): x [M, K], w [N, K]
-// row-major, 1 <= M <= 8, K a multiple of 16, fp32 or bf16 (accumulated in fp32). Memory-bound at these sizes: the
-// weights stream once, split across the threads, each weight vector used for every row of x. Only where the
-// register-blocked code is built (has_linear_small).
+// row-major, 1 <= M <= 8, K a multiple of 16, fp32 or bf16 (accumulated in fp32); w may be bf16 under fp32 x (widened
+// on load, exact: half the bytes for weights that bf16 holds exactly). Memory-bound at these sizes: the weights
+// stream once, split across the threads, each weight vector used for every row of x. Only where the register-blocked
+// code is built (has_linear_small).
 at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   check_rows(x, "x");
   check_rows(w, "w");
-  TORCH_CHECK(x.scalar_type() == w.scalar_type() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "linear_small: x and w must both be float32 or both bfloat16");
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
+              "linear_small: x float32 or bfloat16, w the same or bfloat16");
+  TORCH_CHECK(!bias || bias->scalar_type() == x.scalar_type(), "linear_small: bias must have x's dtype");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(1) % 16 == 0,
               "linear_small: x [M, K] and w [N, K] with K a multiple of 16");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "linear_small: 1 to 8 rows");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = at::empty({M, N}, x.options());
 #if defined(DSPARK_REGISTER_BLOCKED)
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "linear_small", [&] {
-    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
-      const scalar_t* xp = x.data_ptr<scalar_t>();
-      const scalar_t* wp = w.data_ptr<scalar_t>();
-      const scalar_t* bp = bias ? bias->data_ptr<scalar_t>() : nullptr;
-      scalar_t* yp = y.data_ptr<scalar_t>();
-      switch (M) {
-        case 1: linear_rows<1>(xp, wp, bp, yp, K, N); break;
-        case 2: linear_rows<2>(xp, wp, bp, yp, K, N); break;
-        case 3: linear_rows<3>(xp, wp, bp, yp, K, N); break;
-        case 4: linear_rows<4>(xp, wp, bp, yp, K, N); break;
-        case 5: linear_rows<5>(xp, wp, bp, yp, K, N); break;
-        case 6: linear_rows<6>(xp, wp, bp, yp, K, N); break;
-        case 7: linear_rows<7>(xp, wp, bp, yp, K, N); break;
-        default: linear_rows<8>(xp, wp, bp, yp, K, N); break;
-      }
+  auto run = [&](auto* xp, const auto* wp) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    const T* bp = bias ? bias->data_ptr<T>() : nullptr;
+    T* yp = y.data_ptr<T>();
+    switch (M) {
+      case 1: linear_rows<1>(xp, wp, bp, yp, K, N); break;
+      case 2: linear_rows<2>(xp, wp, bp, yp, K, N); break;
+      case 3: linear_rows<3>(xp, wp, bp, yp, K, N); break;
+      case 4: linear_rows<4>(xp, wp, bp, yp, K, N); break;
+      case 5: linear_rows<5>(xp, wp, bp, yp, K, N); break;
+      case 6: linear_rows<6>(xp, wp, bp, yp, K, N); break;
+      case 7: linear_rows<7>(xp, wp, bp, yp, K, N); break;
+      default: linear_rows<8>(xp, wp, bp, yp, K, N); break;
     }
-  });
+  };
+  const c10::BFloat16* wb = w.scalar_type() == at::kBFloat16 ? w.data_ptr<c10::BFloat16>() : nullptr;
+  if (x.scalar_type() == at::kBFloat16)
+    run(x.data_ptr<c10::BFloat16>(), wb);
+  else if (wb)
+    run(x.data_ptr<float>(), wb);
+  else
+    run(x.data_ptr<float>(), w.data_ptr<float>());
 #else
   TORCH_CHECK(false, "linear_small needs AVX2 + FMA or AVX-512");
 #endif
