@@ -185,11 +185,12 @@ def plot(report: dict, path: Path) -> None:
 
 def machine() -> str:
     """The CPU, its core count and whether it has AVX-512 / AVX512-BF16 (what the kernels and dtype "auto" use)."""
-    model, flags = platform.processor() or platform.machine(), set()
+    from engine.ops import cpu_flags
+
+    model, flags = platform.processor() or platform.machine(), cpu_flags()
     try:
         info = Path("/proc/cpuinfo").read_text()
         model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), model)
-        flags = set(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split())
     except OSError:
         pass
     isa = "avx512_bf16" if "avx512_bf16" in flags else "avx512f" if "avx512f" in flags else \

@@ -108,10 +108,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    from engine.ops import cpu_flags
+
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

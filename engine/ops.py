@@ -36,17 +36,21 @@ def cpu_kernels():
     return _kernels
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
 def _cpu_tag() -> str:
     """A short hash of this CPU's instruction-set flags. The kernels build with -march=native, and torch caches a
     build by name and source only: a home directory shared by unlike machines (a Ray cluster's NFS home, an image
     moved to another host) would otherwise load AVX-512 code on an AVX2-only CPU and die of SIGILL."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return hashlib.sha1(f"{platform.machine()} {' '.join(sorted(flags.split()))}".encode()).hexdigest()[:10]
+    return hashlib.sha1(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:10]
 
 
 class Ops:

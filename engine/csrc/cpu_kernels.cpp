@@ -834,8 +834,8 @@ inline float hsum(vreg v) {
   return s;
 }
 
-// y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows,
-// two chains per accumulator cover the FMA latency, and the M x NJ sums stay in registers over the whole of K.
+// y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows, and
+// the M x NJ sums stay in registers over the whole of K, as independent FMA chains.
 template <int M, int NJ, typename T, typename W>
 inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
   vreg acc[M][NJ];
