@@ -180,6 +180,38 @@ def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
         cpu_kernels().linear_small(torch.zeros(2, 576, dtype=torch.bfloat16), exact, None)
 
 
+@pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
+def test_linear_runs_q8_0_valued_weights_from_int8_with_the_same_result():
+    """A weight holding GGUF Q8_0 values (gguf-py's own quantizer and dequantizer make them, zero blocks included) is
+    found exact and runs the kernel from its int8s and scales up to 8 rows: the same bits as linear_small over the
+    fp32 weight, and float64's answer. Values one step off Q8_0 are not taken for it."""
+    from gguf import GGMLQuantizationType, quants
+
+    from engine.model import Linear, q8_exact
+
+    gen = torch.Generator().manual_seed(2)
+    raw = torch.randn(203, 576, generator=gen) / 24
+    raw[7, 64:96] = 0  # an all-zero block: scale 0
+    raw[9, :32] = -raw[9, :32].abs()  # a block whose largest magnitude is negative
+    exact = torch.from_numpy(quants.dequantize(quants.quantize(raw.numpy(), GGMLQuantizationType.Q8_0),
+                                               GGMLQuantizationType.Q8_0))
+    q, d = q8_exact(exact)
+    assert q.dtype == torch.int8 and torch.equal(q.float() * d.repeat_interleave(32, dim=1), exact)
+    off = exact.clone()
+    off[100, 5] = torch.nextafter(off[100, 5], torch.tensor(1.0))
+    assert q8_exact(off) is None and q8_exact(raw) is None
+    b = torch.randn(203, generator=gen)
+    lin = Linear(exact, b)
+    assert lin._q8 is not None and lin._small_rows == 8
+    for m in range(1, 9):
+        x = torch.randn(m, 576, generator=gen)
+        y = lin(x)
+        assert torch.equal(y, cpu_kernels().linear_small(x, exact, b))
+        torch.testing.assert_close(y.double(), x.double() @ exact.double().T + b.double(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="K a multiple of 32"):
+        cpu_kernels().linear_small_q8(torch.zeros(1, 48), q[:, :48].contiguous(), d[:, :2].contiguous(), None)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_rows_equals_torch(dtype):
     x = torch.randn(9, 5000, dtype=dtype)

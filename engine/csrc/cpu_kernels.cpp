@@ -299,6 +299,9 @@ struct Vec {
   static reg load(const c10::BFloat16* p) {  // widened to fp32 (exact)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
   }
+  static reg load(const int8_t* p) {  // converted to fp32 (exact)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
@@ -325,6 +328,9 @@ struct Vec {
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static reg load(const c10::BFloat16* p) {  // widened to fp32 (exact)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static reg load(const int8_t* p) {  // converted to fp32 (exact)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
   }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
@@ -834,6 +840,22 @@ inline float hsum(vreg v) {
   return s;
 }
 
+// A weight stored as 8-bit integers with one scale per 32 consecutive values of a row (GGUF's Q8_0 layout), whose
+// values are d * q: exact in fp32 (an fp16 scale times an int8 has at most 19 significant bits), so a dot product over
+// it rounds exactly as one over the fp32 weight it came from, from a quarter of the bytes.
+struct Q8Weight {
+  const int8_t* q;  // [N, K]
+  const float* d;   // [N, K / 32]
+};
+constexpr int64_t kQ8Block = 32;
+
+// The weight vector at flat offset `off` (row * K + k), widened to fp32.
+template <typename W>
+inline vreg weight_at(const W* w, int64_t off) { return Vec::load(w + off); }
+inline vreg weight_at(const Q8Weight* w, int64_t off) {
+  return Vec::mul(Vec::load(w->q + off), Vec::set1(w->d[off / kQ8Block]));
+}
+
 // y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows, and
 // the M x NJ sums stay in registers over the whole of K, as independent FMA chains.
 template <int M, int NJ, typename T, typename W>
@@ -843,7 +865,7 @@ inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int
     for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::zero();
   for (int64_t k = 0; k < K; k += Vec::lanes) {
     vreg wv[NJ];
-    for (int j = 0; j < NJ; ++j) wv[j] = Vec::load(w + (j0 + j) * K + k);
+    for (int j = 0; j < NJ; ++j) wv[j] = weight_at(w, (j0 + j) * K + k);
     for (int m = 0; m < M; ++m) {
       const vreg xv = Vec::load(x + m * K + k);
       for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::fma(xv, wv[j], acc[m][j]);
@@ -854,14 +876,38 @@ inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int
       y[m * N + j0 + j] = st<T>(hsum(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
 }
 
+// Weight rows per pass of M rows of x: as many as the registers hold beside the M x NJ accumulators.
+template <int M>
+constexpr int rows_per_pass() {
+  return Vec::lanes == 16 ? (M <= 2 ? 8 : M <= 4 ? 4 : 2) : (M <= 2 ? 4 : M <= 4 ? 2 : 1);
+}
+
 template <int M, typename T, typename W>
 void linear_rows(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N) {
-  // Weight rows per pass: as many as the registers hold beside M x NJ accumulators.
-  constexpr int NJ = Vec::lanes == 16 ? (M <= 2 ? 8 : M <= 4 ? 4 : 2) : (M <= 2 ? 4 : M <= 4 ? 2 : 1);
-  at::parallel_for(0, N / NJ, 64, [&](int64_t b, int64_t e) {
-    for (int64_t g = b; g < e; ++g) rows_dot<M, NJ>(x, w, bias, y, K, N, g * NJ);
-  });
-  for (int64_t j = N / NJ * NJ; j < N; ++j) rows_dot<M, 1>(x, w, bias, y, K, N, j);
+  if constexpr (M <= 4) {
+    constexpr int NJ = rows_per_pass<M>();
+    at::parallel_for(0, N / NJ, 64, [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; ++g) rows_dot<M, NJ>(x, w, bias, y, K, N, g * NJ);
+    });
+    for (int64_t j = N / NJ * NJ; j < N; ++j) rows_dot<M, 1>(x, w, bias, y, K, N, j);
+  } else {
+    // Rows 0-3 of x, then the rest, over each chunk of weight rows: the chunk comes from memory once and from L2 the
+    // second time, and each pass keeps several weight rows in registers (with all M rows at once the registers hold
+    // one: on AVX2, 7 rows ran at 0.6x the weight throughput of 4). Every output is the same dot product, to the bit.
+    constexpr int NA = rows_per_pass<4>(), NB = rows_per_pass<M - 4>();
+    constexpr int64_t chunk = 32;  // weight rows: 72 KB of fp32 at K = 576, a multiple of NA and NB
+    at::parallel_for(0, N / chunk, 2, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        for (int64_t j = c * chunk; j < (c + 1) * chunk; j += NA) rows_dot<4, NA>(x, w, bias, y, K, N, j);
+        for (int64_t j = c * chunk; j < (c + 1) * chunk; j += NB)
+          rows_dot<M - 4, NB>(x + 4 * K, w, bias, y + 4 * N, K, N, j);
+      }
+    });
+    for (int64_t j = N / chunk * chunk; j < N; ++j) {
+      rows_dot<4, 1>(x, w, bias, y, K, N, j);
+      rows_dot<M - 4, 1>(x + 4 * K, w, bias, y + 4 * N, K, N, j);
+    }
+  }
 }
 }  // namespace
 #endif
@@ -912,6 +958,43 @@ at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::opt
   return y;
 }
 
+// linear_small over a Q8Weight (q int8 [N, K], d float32 [N, K / 32]) for fp32 x: the same result to the bit as
+// linear_small over the fp32 weight d * q, which it never materialises.
+at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                           const c10::optional<at::Tensor>& bias) {
+  check_rows(x, "x");
+  check_rows(q, "q");
+  check_rows(d, "d");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && d.scalar_type() == at::kFloat,
+              "linear_small_q8: x float32, q int8, d float32");
+  TORCH_CHECK(!bias || bias->scalar_type() == at::kFloat, "linear_small_q8: bias must be float32");
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1) && q.size(1) % kQ8Block == 0 &&
+                  d.dim() == 2 && d.size(0) == q.size(0) && d.size(1) == q.size(1) / kQ8Block,
+              "linear_small_q8: x [M, K], q [N, K], d [N, K / 32] with K a multiple of 32");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "linear_small_q8: 1 to 8 rows");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  auto y = at::empty({M, N}, x.options());
+#if defined(DSPARK_REGISTER_BLOCKED)
+  const Q8Weight w{q.data_ptr<int8_t>(), d.data_ptr<float>()};
+  const float* xp = x.data_ptr<float>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  switch (M) {
+    case 1: linear_rows<1>(xp, &w, bp, yp, K, N); break;
+    case 2: linear_rows<2>(xp, &w, bp, yp, K, N); break;
+    case 3: linear_rows<3>(xp, &w, bp, yp, K, N); break;
+    case 4: linear_rows<4>(xp, &w, bp, yp, K, N); break;
+    case 5: linear_rows<5>(xp, &w, bp, yp, K, N); break;
+    case 6: linear_rows<6>(xp, &w, bp, yp, K, N); break;
+    case 7: linear_rows<7>(xp, &w, bp, yp, K, N); break;
+    default: linear_rows<8>(xp, &w, bp, yp, K, N); break;
+  }
+#else
+  TORCH_CHECK(false, "linear_small_q8 needs AVX2 + FMA or AVX-512");
+#endif
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released while a kernel runs (as torch's own ops do), so a server's event-loop thread can work beside
   // the engine thread instead of waiting for it and then holding it up.
@@ -925,6 +1008,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, release_gil());
   m.def("silu_mul", &silu_mul, release_gil());
   m.def("linear_small", &linear_small, release_gil());
+  m.def("linear_small_q8", &linear_small_q8, release_gil());
 #if defined(DSPARK_REGISTER_BLOCKED)
   m.def("has_linear_small", [] { return true; });
 #else
