@@ -158,6 +158,15 @@ def test_linear_small_against_float64(dtype, with_bias):
         cpu_kernels().linear_small(torch.zeros(9, 64, dtype=dtype), w[:, :64].contiguous(), None)
 
 
+def assert_same_bits_as_over_fp32(lin, weight, bias, gen):
+    """lin, at 1 to 8 rows, gives linear_small's bits over the fp32 weight, and float64's answer."""
+    for m in range(1, 9):
+        x = torch.randn(m, weight.shape[1], generator=gen)
+        y = lin(x)
+        assert torch.equal(y, cpu_kernels().linear_small(x, weight, bias))
+        torch.testing.assert_close(y.double(), x.double() @ weight.double().T + bias.double(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
 def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
     """An fp32 weight that bf16 holds exactly runs the kernel from a bf16 copy (half the bytes) up to 8 rows: the same
@@ -171,11 +180,7 @@ def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
     held, plain = Linear(exact, b), Linear(inexact, b)
     assert held._small_weight.dtype == torch.bfloat16 and held._small_rows == 8
     assert plain._small_weight.dtype == torch.float32 and plain._small_rows == Linear.SMALL_ROWS
-    for m in range(1, 9):
-        x = torch.randn(m, 576, generator=gen)
-        y = held(x)
-        assert torch.equal(y, cpu_kernels().linear_small(x, exact, b))
-        torch.testing.assert_close(y.double(), x.double() @ exact.double().T + b.double(), rtol=1e-5, atol=1e-5)
+    assert_same_bits_as_over_fp32(held, exact, b, gen)
     with pytest.raises(RuntimeError, match="x float32 or bfloat16, w the same or bfloat16"):
         cpu_kernels().linear_small(torch.zeros(2, 576, dtype=torch.bfloat16), exact, None)
 
@@ -203,11 +208,7 @@ def test_linear_runs_q8_0_valued_weights_from_int8_with_the_same_result():
     b = torch.randn(203, generator=gen)
     lin = Linear(exact, b)
     assert lin._q8 is not None and lin._small_rows == 8
-    for m in range(1, 9):
-        x = torch.randn(m, 576, generator=gen)
-        y = lin(x)
-        assert torch.equal(y, cpu_kernels().linear_small(x, exact, b))
-        torch.testing.assert_close(y.double(), x.double() @ exact.double().T + b.double(), rtol=1e-5, atol=1e-5)
+    assert_same_bits_as_over_fp32(lin, exact, b, gen)
     with pytest.raises(RuntimeError, match="K a multiple of 32"):
         cpu_kernels().linear_small_q8(torch.zeros(1, 48), q[:, :48].contiguous(), d[:, :2].contiguous(), None)
 
