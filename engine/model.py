@@ -26,8 +26,9 @@ class Linear:
     FMAs. There the kernels' `linear_small` streams the plain weight at close to the machine's read bandwidth, where
     oneDNN's GEMM reached about 75% of it (the default model's linears in fp32 at 1 / 2 / 4 rows on a 2-core AVX2
     EPYC: 36 / 42 / 54 ms against 48 / 55 / 62). So where that kernel exists the fp32 plain weight is kept beside the
-    packed one, which costs the weights' memory once more. bf16 takes it only where oneDNN cannot pack bf16 (no
-    AVX512-BW/VL/DQ): with AVX512-BF16 oneDNN's bf16 path was not measured against it.
+    packed one, which costs the weights' memory once more. bf16 takes it, up to 8 rows, only where oneDNN cannot pack
+    bf16 (no AVX512-BW/VL/DQ): with AVX512-BF16 oneDNN's bf16 path was not measured against it. There, more rows run
+    oneDNN's fp32 GEMM over the widened weight.
 
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
     bf16, widened on load: the same values, so the same result to the bit, from half the bytes. That beats oneDNN up to
@@ -39,7 +40,7 @@ class Linear:
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 4  # up to here linear_small beats oneDNN (1.35x at 1 row, 1.13x at 4, level at 8)
-    SMALL_ROWS_BF16_HELD = 8  # the kernel's limit
+    SMALL_ROWS_MAX = 8  # the kernel's limit: bf16 and Q8_0 weights (half, a quarter of the bytes) win up to there
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
@@ -49,22 +50,32 @@ class Linear:
         self._small = None
         self._small_weight, self._small_rows = weight, self.SMALL_ROWS
         self._q8 = None
+        self._widened, self._bias32 = False, None  # bf16 through oneDNN's fp32 GEMM over the widened weight
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
+        native_bf16 = False
         if cpu and torch.backends.mkldnn.is_available():
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+                native_bf16 = weight.dtype == torch.bfloat16
             except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
-                pass
+                if weight.dtype == torch.bfloat16:
+                    # There, F.linear's bf16 GEMM ran 5.7x slower than fp32 oneDNN (the default model at 64 rows: 924
+                    # against 163 ms). The widened weight holds the same values and a bf16 GEMM accumulates in fp32
+                    # too; the output is rounded to bf16 once, as there. The fp32 copy costs twice the weight's memory.
+                    self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 64)
+                    self._widened, self._bias32 = True, None if bias is None else bias.float()
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
-        if k is not None and k.has_linear_small() and (weight.dtype == torch.float32 or self._packed is None):
+        if k is not None and k.has_linear_small() and not native_bf16:
             self._small = k
-            if weight.dtype == torch.float32:
+            if weight.dtype == torch.bfloat16:
+                self._small_rows = self.SMALL_ROWS_MAX
+            else:
                 held = weight.to(torch.bfloat16)
                 if torch.equal(held.float(), weight):
-                    self._small_weight, self._small_rows = held, self.SMALL_ROWS_BF16_HELD
+                    self._small_weight, self._small_rows = held, self.SMALL_ROWS_MAX
                 elif (q8 := q8_exact(weight)) is not None:
-                    self._q8, self._small_rows = q8, self.SMALL_ROWS_BF16_HELD
-        if self._packed is not None and (self._small is None or self._small_weight is not weight or self._q8):
+                    self._q8, self._small_weight, self._small_rows = q8, None, self.SMALL_ROWS_MAX
+        if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +83,8 @@ class Linear:
             if self._q8 is not None:
                 return self._small.linear_small_q8(x, *self._q8, self.bias)
             return self._small.linear_small(x, self._small_weight, self.bias)
+        if self._widened:
+            return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, self._bias32, "none", [], "").to(x.dtype)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -154,6 +154,12 @@ def test_linear_small_against_float64(dtype, with_bias):
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(cpu_kernels().linear_small(x, w, b).double(), want, rtol=tol, atol=tol)
             torch.testing.assert_close(lin(x).double(), want, rtol=tol, atol=tol)
+        for m in (16, 64):  # past the kernel: oneDNN (in bf16 without AVX512-BF16: fp32 over the widened weight)
+            x = torch.randn(m, K, generator=gen).to(dtype)
+            want = x.double() @ w.double().T + (b.double() if with_bias else 0)
+            y = lin(x)
+            assert y.dtype == dtype
+            torch.testing.assert_close(y.double(), want, rtol=tol, atol=tol)
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         cpu_kernels().linear_small(torch.zeros(9, 64, dtype=dtype), w[:, :64].contiguous(), None)
 
