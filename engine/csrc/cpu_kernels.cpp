@@ -909,6 +909,21 @@ void linear_rows(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t
     }
   }
 }
+
+// linear_rows for a row count known only at run time (1 to 8).
+template <typename T, typename W>
+void linear_rows_any(int64_t M, const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N) {
+  switch (M) {
+    case 1: linear_rows<1>(x, w, bias, y, K, N); break;
+    case 2: linear_rows<2>(x, w, bias, y, K, N); break;
+    case 3: linear_rows<3>(x, w, bias, y, K, N); break;
+    case 4: linear_rows<4>(x, w, bias, y, K, N); break;
+    case 5: linear_rows<5>(x, w, bias, y, K, N); break;
+    case 6: linear_rows<6>(x, w, bias, y, K, N); break;
+    case 7: linear_rows<7>(x, w, bias, y, K, N); break;
+    default: linear_rows<8>(x, w, bias, y, K, N); break;
+  }
+}
 }  // namespace
 #endif
 
@@ -932,18 +947,7 @@ at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::opt
 #if defined(DSPARK_REGISTER_BLOCKED)
   auto run = [&](auto* xp, const auto* wp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
-    const T* bp = bias ? bias->data_ptr<T>() : nullptr;
-    T* yp = y.data_ptr<T>();
-    switch (M) {
-      case 1: linear_rows<1>(xp, wp, bp, yp, K, N); break;
-      case 2: linear_rows<2>(xp, wp, bp, yp, K, N); break;
-      case 3: linear_rows<3>(xp, wp, bp, yp, K, N); break;
-      case 4: linear_rows<4>(xp, wp, bp, yp, K, N); break;
-      case 5: linear_rows<5>(xp, wp, bp, yp, K, N); break;
-      case 6: linear_rows<6>(xp, wp, bp, yp, K, N); break;
-      case 7: linear_rows<7>(xp, wp, bp, yp, K, N); break;
-      default: linear_rows<8>(xp, wp, bp, yp, K, N); break;
-    }
+    linear_rows_any(M, xp, wp, bias ? bias->data_ptr<T>() : nullptr, y.data_ptr<T>(), K, N);
   };
   const c10::BFloat16* wb = w.scalar_type() == at::kBFloat16 ? w.data_ptr<c10::BFloat16>() : nullptr;
   if (x.scalar_type() == at::kBFloat16)
@@ -976,19 +980,7 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
   auto y = at::empty({M, N}, x.options());
 #if defined(DSPARK_REGISTER_BLOCKED)
   const Q8Weight w{q.data_ptr<int8_t>(), d.data_ptr<float>()};
-  const float* xp = x.data_ptr<float>();
-  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  switch (M) {
-    case 1: linear_rows<1>(xp, &w, bp, yp, K, N); break;
-    case 2: linear_rows<2>(xp, &w, bp, yp, K, N); break;
-    case 3: linear_rows<3>(xp, &w, bp, yp, K, N); break;
-    case 4: linear_rows<4>(xp, &w, bp, yp, K, N); break;
-    case 5: linear_rows<5>(xp, &w, bp, yp, K, N); break;
-    case 6: linear_rows<6>(xp, &w, bp, yp, K, N); break;
-    case 7: linear_rows<7>(xp, &w, bp, yp, K, N); break;
-    default: linear_rows<8>(xp, &w, bp, yp, K, N); break;
-  }
+  linear_rows_any(M, x.data_ptr<float>(), &w, bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>(), K, N);
 #else
   TORCH_CHECK(false, "linear_small_q8 needs AVX2 + FMA or AVX-512");
 #endif
