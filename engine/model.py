@@ -24,23 +24,21 @@ class Linear:
 
     A few rows (a decode step, a short verify segment) are memory-bound: every weight is read once for a handful of
     FMAs. There the kernels' `linear_small` streams the plain weight at close to the machine's read bandwidth, where
-    oneDNN's GEMM reached about 75% of it (the default model's linears in fp32 at 1 / 2 / 4 rows on a 2-core AVX2
-    EPYC: 36 / 42 / 54 ms against 48 / 55 / 62). So where that kernel exists the fp32 plain weight is kept beside the
-    packed one, which costs the weights' memory once more. bf16 takes it, up to 8 rows, only where oneDNN cannot pack
-    bf16 (no AVX512-BW/VL/DQ): with AVX512-BF16 oneDNN's bf16 path was not measured against it. There, more rows run
-    oneDNN's fp32 GEMM over the widened weight.
+    oneDNN's GEMM reached about 75% of it (the default model's linears in fp32 on a 2-core AVX2 EPYC, since the
+    kernel prefetches: 31 / 37 / 42 ms at 1 / 4 / 8 rows against oneDNN's 55-60). So where that kernel exists the
+    fp32 plain weight is kept beside the packed one, which costs the weights' memory once more. bf16 takes it only
+    where oneDNN cannot pack bf16 (no AVX512-BW/VL/DQ): with AVX512-BF16 oneDNN's bf16 path was not measured against
+    it. There, more rows run oneDNN's fp32 GEMM over the widened weight.
 
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
-    bf16, widened on load: the same values, so the same result to the bit, from half the bytes. That beats oneDNN up to
-    the kernel's 8 rows (the default drafter's linears at 7 rows, a draft block: 5.5 ms against oneDNN's 8.4).
+    bf16, widened on load: the same values, so the same result to the bit, from half the bytes.
 
     An fp32 weight whose values are Q8_0 values (an int8 times one fp16 scale per 32 values of a row: the default
     model's tied embedding and lm_head, in its GGUF, and so the default drafter's draft-vocabulary lm_head) is kept for
     the kernel as those int8s and scales: the same values again, from about a quarter of the bytes."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
-    SMALL_ROWS = 4  # up to here linear_small beats oneDNN (1.35x at 1 row, 1.13x at 4, level at 8)
-    SMALL_ROWS_MAX = 8  # the kernel's limit: bf16 and Q8_0 weights (half, a quarter of the bytes) win up to there
+    SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32 (1.35x at 5-8 rows), bf16 and Q8_0
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
@@ -48,7 +46,7 @@ class Linear:
         self.in_features = weight.shape[1]
         self._packed = None
         self._small = None
-        self._small_weight, self._small_rows = weight, self.SMALL_ROWS
+        self._small_weight = weight
         self._q8 = None
         self._widened, self._bias32 = False, None  # bf16 through oneDNN's fp32 GEMM over the widened weight
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
@@ -67,19 +65,17 @@ class Linear:
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
         if k is not None and k.has_linear_small() and not native_bf16:
             self._small = k
-            if weight.dtype == torch.bfloat16:
-                self._small_rows = self.SMALL_ROWS_MAX
-            else:
+            if weight.dtype == torch.float32:
                 held = weight.to(torch.bfloat16)
                 if torch.equal(held.float(), weight):
-                    self._small_weight, self._small_rows = held, self.SMALL_ROWS_MAX
+                    self._small_weight = held
                 elif (q8 := q8_exact(weight)) is not None:
-                    self._q8, self._small_weight, self._small_rows = q8, None, self.SMALL_ROWS_MAX
+                    self._q8, self._small_weight = q8, None
         if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._small is not None and x.dim() == 2 and x.shape[0] <= self._small_rows and x.is_contiguous():
+        if self._small is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_ROWS and x.is_contiguous():
             if self._q8 is not None:
                 return self._small.linear_small_q8(x, *self._q8, self.bias)
             return self._small.linear_small(x, self._small_weight, self.bias)

@@ -176,7 +176,7 @@ def assert_same_bits_as_over_fp32(lin, weight, bias, gen):
 @pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
 def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
     """An fp32 weight that bf16 holds exactly runs the kernel from a bf16 copy (half the bytes) up to 8 rows: the same
-    bits as from the fp32 weight, and float64's answer. A weight bf16 cannot hold keeps fp32 and the 4-row cutoff."""
+    bits as from the fp32 weight, and float64's answer. A weight bf16 cannot hold keeps fp32."""
     from engine.model import Linear
 
     gen = torch.Generator().manual_seed(1)
@@ -184,8 +184,7 @@ def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
     inexact = exact + 1e-4 * torch.randn(203, 576, generator=gen)
     b = torch.randn(203, generator=gen)
     held, plain = Linear(exact, b), Linear(inexact, b)
-    assert held._small_weight.dtype == torch.bfloat16 and held._small_rows == 8
-    assert plain._small_weight.dtype == torch.float32 and plain._small_rows == Linear.SMALL_ROWS
+    assert held._small_weight.dtype == torch.bfloat16 and plain._small_weight.dtype == torch.float32
     assert_same_bits_as_over_fp32(held, exact, b, gen)
     with pytest.raises(RuntimeError, match="x float32 or bfloat16, w the same or bfloat16"):
         cpu_kernels().linear_small(torch.zeros(2, 576, dtype=torch.bfloat16), exact, None)
@@ -213,7 +212,7 @@ def test_linear_runs_q8_0_valued_weights_from_int8_with_the_same_result():
     assert q8_exact(off) is None and q8_exact(raw) is None
     b = torch.randn(203, generator=gen)
     lin = Linear(exact, b)
-    assert lin._q8 is not None and lin._small_rows == 8
+    assert lin._q8 is not None
     assert_same_bits_as_over_fp32(lin, exact, b, gen)
     with pytest.raises(RuntimeError, match="K a multiple of 32"):
         cpu_kernels().linear_small_q8(torch.zeros(1, 48), q[:, :48].contiguous(), d[:, :2].contiguous(), None)
