@@ -27,20 +27,21 @@ RESULTS = ROOT / "bench" / "results"
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 
 
-def prompt_lookup_tau(tokens: np.ndarray, start: int, gamma: int, max_n: int = 3) -> list[int]:
-    """Accepted drafts per anchor for prompt lookup: find the latest earlier occurrence of the last n tokens
-    (n = max_n..1) and propose what followed it."""
-    accepted = []
+def prompt_lookup(tokens: np.ndarray, start: int, gamma: int, max_n: int = 3) -> list[tuple[int, int]]:
+    """Per anchor, prompt lookup's (accepted drafts, n of the n-gram matched; 0 if none): find the latest earlier
+    occurrence of the last n tokens (n = max_n..1) and propose what followed it."""
+    out = []
     for p in range(start, len(tokens) - 1):
         ctx = tokens[: p + 1]
         draft: list[int] = []
+        matched = 0
         for n in range(max_n, 0, -1):
             if len(ctx) <= n:
                 continue
             key = ctx[-n:]
             for i in range(len(ctx) - n - 1, -1, -1):
                 if np.array_equal(ctx[i: i + n], key):
-                    draft = ctx[i + n: i + n + gamma].tolist()
+                    draft, matched = ctx[i + n: i + n + gamma].tolist(), n
                     break
             if draft:
                 break
@@ -48,8 +49,24 @@ def prompt_lookup_tau(tokens: np.ndarray, start: int, gamma: int, max_n: int = 3
         a = 0
         while a < min(len(draft), len(real)) and draft[a] == real[a]:
             a += 1
-        accepted.append(a)
-    return accepted
+        out.append((a, matched))
+    return out
+
+
+LOOKUP_BUCKETS = [(0, 0), (1, 2), (3, 6), (7, 7)]  # prompt lookup's accepted drafts at an anchor (gamma 7)
+
+
+def drafter_vs_lookup(drafter_acc: np.ndarray, lookup_acc: np.ndarray, matched: np.ndarray) -> dict:
+    """Where does the drafter lose to prompt lookup? Its tau at the anchors where lookup accepts 0, 1-2, 3-6, all;
+    and the tau of a rule that takes lookup's draft where an n-gram of at least N tokens matched, else the drafter's."""
+    buckets = []
+    for lo, hi in LOOKUP_BUCKETS:
+        m = (lookup_acc >= lo) & (lookup_acc <= hi)
+        buckets.append({"lookup_accepts": f"{lo}-{hi}" if lo != hi else str(lo), "share": float(m.mean()),
+                        "drafter_tau": 1 + float(drafter_acc[m].mean()), "lookup_tau": 1 + float(lookup_acc[m].mean())})
+    rule = {str(n): 1 + float(np.where(matched >= n, lookup_acc, drafter_acc).mean()) for n in (1, 2, 3)}
+    return {"by_lookup_accepted": buckets, "lookup_if_ngram_else_drafter_tau": rule,
+            "oracle_best_of_both_tau": 1 + float(np.maximum(drafter_acc, lookup_acc).mean())}
 
 
 def draft_costs(engine, service, batch: int, width: int, dtype, reps: int = 21) -> tuple[float, float, float]:
@@ -138,11 +155,14 @@ def main() -> None:
     gamma = z.shape[1]
     temps_np = temps.numpy() if temps is not None else np.ones(gamma)
     cond = [float(y[v[:, k] & (y[:, k - 1] > 0) if k else v[:, 0], k].mean()) for k in range(gamma)]
-    lookup = [a for s in samples for a in prompt_lookup_tau(cache.tokens(s).astype(np.int64), s.prompt_len, gamma)]
+    lookup = np.array([m for s in samples for m in prompt_lookup(cache.tokens(s).astype(np.int64), s.prompt_len,
+                                                                  gamma)]).reshape(-1, 2)
+    assert len(lookup) == len(y), "evaluate() scored every anchor of every answer, in order"
     report = {
         **costs_report, "drafter": str(drafter_dir), "gamma": gamma, "heldout_answers": len(samples), "anchors": ev["anchors"],
         "tau": ev["tau"], "accept_rate_by_pos": ev["accept_rate_by_pos"], "conditional_accept_by_pos": cond,
-        "prompt_lookup_tau": 1 + float(np.mean(lookup)),
+        "prompt_lookup_tau": 1 + float(lookup[:, 0].mean()),
+        "drafter_vs_lookup": drafter_vs_lookup(y.sum(1), lookup[:, 0], lookup[:, 1]),
         "ece_before": survival_ece(z, y, v, np.ones(gamma)), "ece_after": survival_ece(z, y, v, temps_np),
         "sts_temperatures": temps_np.tolist(),
     }
@@ -157,7 +177,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "drafter_report.json").write_text(json.dumps(report, indent=1))
     plot(report, RESULTS / "drafter_report.png")
-    print(json.dumps({k: report[k] for k in ("tau", "prompt_lookup_tau", "accept_rate_by_pos",
+    print(json.dumps({k: report[k] for k in ("tau", "prompt_lookup_tau", "drafter_vs_lookup", "accept_rate_by_pos",
                                              "conditional_accept_by_pos", "ece_pooled_before", "ece_pooled_after",
                                              "draft_round_ms", "draft_round_in_step_ms", "target_step_ms",
                                              "draft_over_step", "draft_in_step_over_step")}, indent=1))
@@ -169,7 +189,7 @@ def plot(r: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.8))
     ks = list(range(1, r["gamma"] + 1))
     ax = axes[0]
     ax.bar([k - 0.2 for k in ks], r["conditional_accept_by_pos"], width=0.4, label="P(accept k | 1..k-1 accepted)")
@@ -199,6 +219,18 @@ def plot(r: dict, path: Path) -> None:
     ax.set_xlabel("batch (sequences)")
     ax.set_ylabel("ms")
     ax.set_title("cost per step")
+    ax.legend(fontsize=8)
+    ax = axes[3]
+    dv = r["drafter_vs_lookup"]
+    rows = dv["by_lookup_accepted"]
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.2, [b["drafter_tau"] for b in rows], width=0.4, label="drafter")
+    ax.bar(xs + 0.2, [b["lookup_tau"] for b in rows], width=0.4, label="prompt lookup")
+    ax.set_xticks(xs, [f"{b['lookup_accepts']}\n{b['share']:.0%} of anchors" for b in rows])
+    ax.set_xlabel("anchors by prompt lookup's accepted drafts")
+    ax.set_ylabel("tau")
+    rule = dv["lookup_if_ngram_else_drafter_tau"]
+    ax.set_title(f"lookup where a 2-gram matches, else the drafter: tau {rule['2']:.2f}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
