@@ -49,8 +49,8 @@ class TrainConfig:
 
 
 def mixed_precision() -> torch.autocast:
-    """bf16 autocast where the CPU computes bf16 natively; elsewhere fp32 (on AVX2 alone bf16 matmuls are emulated,
-    where a linear forward and backward measured 29x slower under autocast than in fp32)."""
+    """bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere: on an AVX2-only CPU autocast emulates bf16,
+    and a linear's forward and backward measured 29x slower under it than in fp32."""
     from engine.loader import cpu_has_bf16
 
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_bf16())

@@ -5,6 +5,7 @@ DSPARK_KERNELS=torch to use the PyTorch versions everywhere (also the fallback w
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -40,14 +41,15 @@ def cpu_kernels():
     return _kernels
 
 
-def cpu_flags() -> set[str]:
+@functools.cache  # read once: drafter training asks per sample whether to autocast
+def cpu_flags() -> frozenset[str]:
     """This CPU's instruction-set flags from /proc/cpuinfo (x86 "flags", Arm "Features"); empty where unreadable."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
 
 
 def _cpu_tag() -> str:
