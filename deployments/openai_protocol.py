@@ -2,8 +2,8 @@
 
 Requests are validated strictly (a string is not a number, NaN/Infinity are rejected) and unknown fields are ignored,
 as OpenAI does. Extra fields beyond OpenAI's (as in vLLM): top_k, ignore_eos, stop_token_ids and `speculation`
-(off | fixed:K | threshold:C | adaptive). Fields we accept only at their neutral value (penalties, logit_bias, echo,
-suffix, best_of, tools, response_format) are refused otherwise rather than silently ignored.
+(off | fixed:K | threshold:C | adaptive, optionally +lookup). Fields we accept only at their neutral value (penalties,
+logit_bias, echo, suffix, best_of, tools, response_format) are refused otherwise rather than silently ignored.
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--drafter", default=None, help="'default', a drafter folder, or 'none'")
-    p.add_argument("--speculation", default=None, help="off | fixed:K | threshold:C | adaptive")
+    p.add_argument("--speculation", default=None,
+                   help="off | fixed:K | threshold:C | adaptive, the last three optionally +lookup")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

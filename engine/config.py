@@ -23,7 +23,8 @@ class EngineConfig(BaseModel):
     seed: int = 0
     # Speculative decoding (DSpark).
     drafter: str | None = Field(None, description="'default', a drafter folder, or None for no speculation")
-    speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive (default with a drafter)")
+    speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive (default with a "
+                                    "drafter), the last three optionally +lookup")
 
     @field_validator("speculation")
     @classmethod

@@ -20,7 +20,8 @@ class SamplingParams:
     ignore_eos: bool = False
     # Return the top-`logprobs` log-probabilities (of the unmodified model distribution) for every output token.
     logprobs: int | None = None
-    # Speculation mode for this request: None (engine default), "off", "fixed:K", "threshold:C", "adaptive".
+    # Speculation mode for this request: None (engine default), "off", "fixed:K", "threshold:C", "adaptive"; the
+    # last three optionally with "+lookup" (prompt lookup drafts where the text repeats itself).
     speculation: str | None = None
     # Optional per-token latency target (seconds); caps this request's verify length.
     target_tpot_s: float | None = None

@@ -175,10 +175,11 @@ def survival(confidences: list[float]) -> list[float]:
 
 
 def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding: int, cost: StepCostModel,
-                          budget: int, corrected: dict | None = None) -> dict:
+                          budget: int, corrected: dict | None = None, drafted: int | None = None) -> dict:
     """Verify length per candidate key. `base_tokens`: tokens this step runs without drafts (prefill chunks and one
     per decoding sequence); `num_decoding`: sequences that emit a token this step; `budget`: the token budget;
-    `corrected`: key -> confidences after the online correction, used by adaptive candidates."""
+    `corrected`: key -> confidences after the online correction, used by adaptive candidates; `drafted`: sequences
+    the draft round ran for (default: every candidate; blocks copied by prompt lookup need no round)."""
     lengths: dict = {}
     tokens, tau = base_tokens, float(num_decoding)
     adaptive: list[tuple[float, int, object]] = []
@@ -204,7 +205,7 @@ def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding
         tau += sum(survival(conf[:n]))
     # Algorithm 1: by survival, highest first (ties: earlier position first, so prefixes stay prefixes).
     adaptive.sort(key=lambda t: (-t[0], t[1]))
-    drafted = len(cands)  # the draft round already ran for every candidate
+    drafted = len(cands) if drafted is None else drafted
     best = tau * cost.sps(tokens, drafted)
     for a, j, key in adaptive:
         if a <= 0.0 or tokens + 1 > budget or lengths[key] != j - 1:

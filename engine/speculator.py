@@ -5,6 +5,12 @@ A sequence's draft context is a cache of its tapped hidden states (which the eng
 each draft call the context is brought up to the sequence's computed tokens, truncating after a rollback or
 preemption and appending what is new. So rollback is just the engine's truncate, and a draft service that lost its
 state (a restarted actor) is rebuilt from the taps with no special path.
+
+With a `+lookup` mode, a sequence whose last tokens repeat earlier text drafts by prompt lookup instead (no draft
+round; its p_d is one-hot on the copied token, which keeps sampling lossless), and only the others join the DSpark
+round. Both kinds of block then compete in the same verify-length choice: a lookup block's confidences are its own
+observed acceptance per position. In adaptive mode each kind has its own DraftGate, which scores the steps by what
+that kind delivered, the other kind's tokens and time taken out.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import torch
 
 from draft_service.service import ContextSync, DraftWork
 from engine.load import StepLoad
+from engine.ngram import NgramIndex
 from engine.rejection_sampler import verify_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
@@ -25,6 +32,11 @@ from engine.spec_mode import SpecMode, parse_speculation
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE_S = 5.0
+LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 3  # a 1-gram match copies too often in vain (bench/drafter_report.py)
+# A lookup draft's acceptance at each position given the ones before, before any is observed (the tracker scales it
+# to what is seen): measured on the default model's held-out answers where a 2- or 3-gram matched (54% of anchors;
+# runs there: tau 5.1). A copy that held so far tends to go on, so a flat prior would never try the late positions.
+LOOKUP_PRIOR = [0.80, 0.87, 0.90, 0.92, 0.93, 0.94, 0.95]
 
 
 def reproducible_only_plainly(params) -> bool:
@@ -41,7 +53,10 @@ class SeqSpec:
     context_len: int = 0  # positions the draft service holds for this sequence
     epoch: int = 0  # the service epoch context_len refers to (see Speculator.epoch)
     confidences: list[float] = field(default_factory=list)  # of the block being verified
-    probs: torch.Tensor | None = None  # p_d of the block being verified (sampled requests)
+    probs: torch.Tensor | None = None  # p_d of the block being verified (sampled requests; None for lookup)
+    block: list[int] = field(default_factory=list)  # the drafted block
+    by_lookup: bool = False  # whether the block came from prompt lookup rather than the drafter
+    lookup: NgramIndex | None = None  # +lookup modes: the n-grams of the text so far
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -60,6 +75,10 @@ class SpecCounters:
     accepted_per_pos: list[int] = field(default_factory=list)
     verify_length_hist: list[int] = field(default_factory=list)  # verify length 0..gamma of every drafted sequence
     skipped_rounds: int = 0  # steps where drafting could not pay off at this load
+    skipped_lookups: int = 0  # steps where lookup blocks went unverified: verifying them had not paid at this load
+    lookup_drafts: int = 0  # of `drafts`, those drafted by prompt lookup
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
     fallbacks: int = 0  # draft service failures that fell back to plain decoding
     draft_seconds: float = 0.0
 
@@ -72,17 +91,25 @@ class Speculator:
         self.cost = cost
         self.budget = budget
         self.tracker = AcceptanceTracker(self.gamma)
-        self.gate = DraftGate()
+        self.lookup_tracker = AcceptanceTracker(self.gamma)  # against LOOKUP_PRIOR: lookup's observed acceptance
+        self.gate = DraftGate()  # whether the DSpark round pays at this load
+        self.lookup_gate = DraftGate()  # whether verifying lookup blocks pays at this load (adaptive+lookup)
         self.counters = SpecCounters(accepted_per_pos=[0] * self.gamma,
                                      verify_length_hist=[0] * (self.gamma + 1))
         self.draft_vocab = None
         self.disabled_until = 0.0
         self.last_verify_tokens = 0  # draft tokens verified in the last step (a load signal)
-        self.scoring = None  # (decoding sequences, predicted plain step seconds) of a gated pure decode step
+        self.scoring = None  # (decode seqs, predicted plain seconds, prefill seconds and first tokens) of a scored step
         self.drafted = False  # whether this step ran a draft round
         self.catch_up_s = 0.0  # of this step's round: appending context the sequences missed while not drafting
         self.gated = False  # whether the draft gate decided this step's round (adaptive mode)
+        self.lookup_gated = False  # whether the lookup gate decided this step's lookup blocks
         self.plain_overhead_s = 0.0  # EMA of a plain step's time outside the forward (schedule, sample, emit)
+        self.lookup_tokens = 0  # this step's lookup drafts verified ...
+        self.lookup_accepted = 0  # ... and accepted
+        self.lookup_seconds = 0.0  # ... and the forward time their rows are predicted to add
+        self.drafter_accepted = 0  # this step's drafter drafts accepted, and the round's time plus the forward time
+        self.drafter_seconds = 0.0  # their rows are predicted to add
         # Bumped on every draft-service failure: a failed (possibly restarted) service may have lost every context,
         # so each sequence rebuilds its context from scratch the next time it drafts.
         self.epoch = 0
@@ -95,8 +122,9 @@ class Speculator:
     def prepare(self, sched: SchedulerOutput, blocks, max_model_len: int, load: StepLoad) -> None:
         """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
         occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
-        self.last_verify_tokens = 0
-        self.scoring, self.drafted, self.gated, self.catch_up_s = None, False, False, 0.0
+        self.last_verify_tokens = self.lookup_tokens = self.lookup_accepted = self.drafter_accepted = 0
+        self.scoring, self.drafted, self.gated, self.lookup_gated = None, False, False, False
+        self.catch_up_s = self.lookup_seconds = self.drafter_seconds = 0.0
         decoding = [s for s in sched.scheduled if s.samples and s.num_new_tokens == 1 and s.seq.num_output_tokens]
         base_tokens = load.base_tokens
         eligible = []
@@ -108,47 +136,88 @@ class Speculator:
             if self.mode_of(seq).kind != "off" and room > 0 and not reproducible_only_plainly(seq.params):
                 eligible.append((s, room))
         load.eligible = len(eligible)
-        if decoding and base_tokens == load.decoding:
+        forward = self.cost.forward
+        prefill_seconds = forward.at(base_tokens) - forward.at(len(decoding))  # predicted, of the prefill chunks
+        if decoding and prefill_seconds <= forward.at(len(decoding)):
             # Scored once the step is done (observe_step): a plain step, whatever its requests' modes, calibrates the
-            # gate's plain side; a gated draft round is scored against it. Pure decode steps only: a prefill chunk's
-            # cost would drown the draft round's.
-            self.scoring = (load.decoding, self.cost.forward.at(base_tokens) + self.plain_overhead_s)
-        if not eligible or time.monotonic() < self.disabled_until:
+            # gate's plain side; a gated draft round is scored against it. A step that also carries prefill chunks
+            # (under continuous arrivals most steps do) is scored as its decode part, the chunks' predicted time and
+            # first tokens taken out; not where they more than double the step, whose error would drown the round.
+            self.scoring = (len(decoding), forward.at(len(decoding)) + self.plain_overhead_s, prefill_seconds,
+                            load.decoding - len(decoding))
+        if not eligible:
             return
-        gated = self.gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _ in eligible)  # others draft as asked
-        if gated and not self.gate.should_draft(load.decoding):
+        looked, rest = [], []  # (scheduled, room, lookup block)
+        for s, room in eligible:
+            block = self._lookup(s.seq) if self.mode_of(s.seq).lookup else []
+            (looked if block else rest).append((s, room, block))
+        if any(self.mode_of(s.seq).kind == "adaptive" for s, _, _ in looked):
+            # Verifying copies is a bet like drafting, which loses under load: a gate of its own decides it
+            self.lookup_gated = True
+            if not self.lookup_gate.should_draft(len(decoding)):
+                self.counters.skipped_lookups += 1
+                rest += [x for x in looked if self.mode_of(x[0].seq).kind == "adaptive"]
+                looked = [x for x in looked if self.mode_of(x[0].seq).kind != "adaptive"]
+        drafting = rest if time.monotonic() >= self.disabled_until else []
+        self.gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _, _ in drafting)  # others draft as asked
+        if self.gated and not self.gate.should_draft(len(decoding)):
             self.counters.skipped_rounds += 1
-            return
-        step = self._draft([s.seq for s, _ in eligible])
+            drafting = []
+        step = self._draft([s.seq for s, _, _ in drafting]) if drafting else None
         if step is None:
+            drafting = []
+        else:
+            self.draft_vocab = step.draft_vocab
+            sampled_rows = {item: row for row, item in enumerate(step.sampled)}
+            for j, (s, _, _) in enumerate(drafting):
+                spec = s.seq.spec
+                spec.block, spec.confidences, spec.by_lookup = step.tokens[j], step.confidences[j], False
+                spec.probs = step.probs[sampled_rows[j]] if j in sampled_rows else None
+        for s, _, block in looked:
+            spec = s.seq.spec
+            spec.block, spec.probs, spec.by_lookup = block, None, True
+            prior = [LOOKUP_PRIOR[min(k, len(LOOKUP_PRIOR) - 1)] for k in range(len(block))]
+            spec.confidences = self.lookup_tracker.corrected(s.seq.request_id, prior)
+        chosen = looked + drafting
+        if not chosen:
             return
-        cands = []
-        for i, (s, room) in enumerate(eligible):
+        cands, corrected = [], {}
+        for i, (s, room, _) in enumerate(chosen):
             seq = s.seq
-            seq.spec.confidences = step.confidences[i]
-            cap = min(room, latency_cap(seq.params.target_tpot_s, self.cost, base_tokens, len(eligible),
+            cap = min(room, latency_cap(seq.params.target_tpot_s, self.cost, base_tokens, len(drafting),
                                         self.gamma))
-            cands.append(Candidate(i, step.confidences[i], self.mode_of(seq), cap))
-        corrected = {c.key: self.tracker.corrected(eligible[c.key][0].seq.request_id, c.confidences)
-                     for c in cands}
-        lengths = choose_verify_lengths(cands, base_tokens, load.decoding, self.cost, self.budget, corrected)
-        sampled_rows = {item: row for row, item in enumerate(step.sampled)}
-        for i, (s, _) in enumerate(eligible):
+            cands.append(Candidate(i, seq.spec.confidences, self.mode_of(seq), cap))
+            # the drafter's confidences are corrected by the acceptance this sequence showed; lookup's already are
+            corrected[i] = (seq.spec.confidences if seq.spec.by_lookup
+                            else self.tracker.corrected(seq.request_id, seq.spec.confidences))
+        lengths = choose_verify_lengths(cands, base_tokens, load.decoding, self.cost, self.budget, corrected,
+                                        drafted=len(drafting))
+        for i, (s, _, _) in enumerate(chosen):
             n = lengths[i]
             seq = s.seq
             if n and not blocks.allocate(seq, seq.num_computed_tokens + 1 + n):
                 n = 0  # no KV room for the drafts: verify nothing rather than preempt someone
-            s.draft_tokens = step.tokens[i][:n]
-            seq.spec.probs = step.probs[sampled_rows[i]] if i in sampled_rows else None
+            s.draft_tokens = seq.spec.block[:n]
             if n == 0:  # nothing verified: the tracker still ages this sequence's evidence
-                self.tracker.record(seq.request_id, seq.spec.confidences, 0, 0)
+                self._tracker(seq).record(seq.request_id, seq.spec.confidences, 0, 0)
             self.counters.verify_length_hist[n] += 1
-            self.counters.proposed_tokens += self.gamma
+            self.counters.proposed_tokens += len(seq.spec.block)
             self.last_verify_tokens += n
+            self.lookup_tokens += n if seq.spec.by_lookup else 0
             load.drafted += n > 0
         load.verify_tokens = self.last_verify_tokens
         load.tokens += self.last_verify_tokens
-        self.draft_vocab = step.draft_vocab
+        self.lookup_seconds = forward.at(load.tokens) - forward.at(load.tokens - self.lookup_tokens)
+        self.drafter_seconds += forward.at(load.tokens) - forward.at(load.tokens - (self.last_verify_tokens
+                                                                                     - self.lookup_tokens))
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        if seq.spec.lookup is None:
+            seq.spec.lookup = NgramIndex(LOOKUP_MIN_N, LOOKUP_MAX_N)
+        return seq.spec.lookup.propose(seq.token_ids, self.gamma)[0]
+
+    def _tracker(self, seq: Sequence) -> AcceptanceTracker:
+        return self.lookup_tracker if seq.spec.by_lookup else self.tracker
 
     def _draft(self, seqs: list[Sequence]):
         syncs, work = [], []
@@ -175,6 +244,7 @@ class Speculator:
             return None
         seconds = time.perf_counter() - t0
         self.drafted = True
+        self.drafter_seconds = seconds
         self.catch_up_s = step.append_seconds * catch_up / appended if appended else 0.0
         self.cost.draft.observe(len(seqs), seconds - self.catch_up_s)  # the round as it runs in steady drafting
         self.counters.draft_rounds += 1
@@ -183,14 +253,22 @@ class Speculator:
 
     def observe_step(self, emitted: int, seconds: float, forward_seconds: float) -> None:
         """The step is done: `emitted` tokens in `seconds`, `forward_seconds` of them in the packed forward."""
-        if not self.drafted:
+        if not self.drafted and not self.lookup_tokens:
             self.plain_overhead_s += 0.1 * (seconds - forward_seconds - self.plain_overhead_s)
         if self.scoring is not None:
-            decoding, plain_seconds = self.scoring
-            if not self.drafted:
-                self.gate.record_plain(decoding, seconds, plain_seconds)
-            elif self.gated:
-                self.gate.record(decoding, emitted, seconds, plain_seconds, self.catch_up_s)
+            decoding, plain_seconds, prefill_seconds, prefill_emitted = self.scoring
+            seconds -= prefill_seconds
+            emitted -= prefill_emitted
+            # Each gate judges its own kind of draft: the step is scored as if the other kind had not been verified
+            # (its accepted tokens and its time taken out: the rows' predicted forward cost, the round's measured).
+            for gate, used, gated, other_accepted, other_seconds, catch_up in (
+                    (self.gate, self.drafted, self.gated, self.lookup_accepted, self.lookup_seconds, self.catch_up_s),
+                    (self.lookup_gate, self.lookup_tokens > 0, self.lookup_gated, self.drafter_accepted,
+                     self.drafter_seconds, 0.0)):
+                if not used:
+                    gate.record_plain(decoding, seconds - other_seconds, plain_seconds)
+                elif gated:
+                    gate.record(decoding, emitted - other_accepted, seconds - other_seconds, plain_seconds, catch_up)
             self.scoring = None
 
     # ----- after the forward --------------------------------------------------------------------------------
@@ -215,8 +293,7 @@ class Speculator:
             if path == "greedy":
                 res = verify_greedy(sub, drafts, argmax)
             else:
-                probs = [self._full_probs(drafted[i].seq.spec.probs[: len(drafted[i].draft_tokens)])
-                         for i in idx]
+                probs = [self._draft_probs(drafted[i], logits.shape[1]) for i in idx]
                 res = verify_random(sub, drafts, probs, [drafted[i].seq.params for i in idx],
                                     [drafted[i].seq.generator for i in idx], default_gen)
             for j, i in enumerate(idx):
@@ -224,16 +301,21 @@ class Speculator:
                 self._record(drafted[i], res.num_accepted[j])
         return out
 
-    def _full_probs(self, compact: torch.Tensor) -> torch.Tensor:
-        """p_d over the draft vocabulary -> over the target vocabulary (0 outside the draft vocabulary)."""
+    def _draft_probs(self, s: ScheduledSeq, vocab_size: int) -> torch.Tensor:
+        """p_d of the verified drafts over the target vocabulary: one-hot for copied (lookup) drafts; the drafter's
+        probabilities, 0 outside its draft vocabulary, otherwise."""
+        k = len(s.draft_tokens)
+        if s.seq.spec.by_lookup:
+            return torch.zeros(k, vocab_size).scatter_(1, torch.tensor(s.draft_tokens)[:, None], 1.0)
+        compact = s.seq.spec.probs[:k]
         if self.draft_vocab is None:
             return compact
         vocab = self.draft_vocab.to(compact.device)
-        return compact.new_zeros(compact.shape[0], self.service.vocab_size).index_copy_(1, vocab, compact)
+        return compact.new_zeros(k, vocab_size).index_copy_(1, vocab, compact)
 
     def _record(self, s: ScheduledSeq, accepted: int) -> None:
         spec, k = s.seq.spec, len(s.draft_tokens)
-        self.tracker.record(s.seq.request_id, spec.confidences, k, accepted)
+        self._tracker(s.seq).record(s.seq.request_id, spec.confidences, k, accepted)
         spec.num_spec_steps += 1
         spec.num_draft_tokens += k
         spec.num_accepted_tokens += accepted
@@ -244,11 +326,19 @@ class Speculator:
         c.accepted_tokens += accepted
         for p in range(accepted):
             c.accepted_per_pos[p] += 1
+        if spec.by_lookup:
+            c.lookup_drafts += 1
+            c.lookup_draft_tokens += k
+            c.lookup_accepted_tokens += accepted
+            self.lookup_accepted += accepted
+        else:
+            self.drafter_accepted += accepted
 
     def finish(self, seqs: list[Sequence]) -> None:
         keys = [s.request_id for s in seqs if s.spec is not None]
         for key in keys:
             self.tracker.forget(key)
+            self.lookup_tracker.forget(key)
         if keys:
             try:
                 self.service.release(keys)

@@ -21,17 +21,18 @@ from tests.conftest import make_tiny_model
 TAPS = [0, 2]
 
 
-def make_predictable_target(folder, tokenizer, vocab=128, seed=3):
+def make_predictable_target(folder, tokenizer, vocab=128, seed=3, scale=0.2):
     """A tiny target whose next token mostly follows the current one (attention and MLP outputs scaled down), so a
-    tiny drafter can learn it and drafts get accepted; context still moves every logit, so stale K/V would show."""
+    tiny drafter can learn it and drafts get accepted; context still moves every logit, so stale K/V would show.
+    At a small `scale` its greedy answers soon loop (the next token nearly a function of the current one)."""
     from transformers import AutoModelForCausalLM
 
     path = make_tiny_model("llama", folder, tokenizer, vocab_size=vocab, initializer_range=0.5, seed=seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.2)
-            layer.mlp.down_proj.weight.mul_(0.2)
+            layer.self_attn.o_proj.weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
     model.save_pretrained(path)
     return path
 
@@ -78,14 +79,17 @@ def random_prompts(n, seed, lo=3, hi=30, vocab=128):
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("mode", ["adaptive", "fixed:2", "fixed:5", "threshold:0.1"])
-def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, mode):
+@pytest.mark.parametrize("mode", ["adaptive", "fixed:2", "fixed:5", "threshold:0.1", "adaptive+lookup",
+                                  "fixed:5+lookup"])
+def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, tmp_path, default_tokenizer, mode):
     target_dir, drafter_dir = trained_pair
+    if mode.endswith("+lookup"):  # a target whose answers repeat themselves, so that lookup finds matches
+        target_dir = make_predictable_target(tmp_path / "looping", default_tokenizer, seed=4, scale=0.005)
     common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
     plain = LLMEngine(EngineConfig(**common))
     spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation=mode))
     assert spec.speculator is not None, spec.drafter_error
-    if mode == "adaptive":
+    if mode.startswith("adaptive"):
         # This tiny target's forward is cheaper than a draft round, so adaptive rightly declines to draft (its gate
         # measures plain steps). Keep the gate open and give the controller the cost curve of a big target (fixed:
         # alpha 0), so the adaptive path verifies drafts here.
@@ -100,6 +104,11 @@ def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, mode):
     c = spec.speculator.counters
     assert c.drafts > 0 and c.accepted_tokens > 0, c  # the accepting path really ran
     assert c.draft_tokens > c.accepted_tokens  # and so did rejection
+    if mode.endswith("+lookup"):  # both proposers drafted, and lookup's drafts were both accepted and rejected
+        assert c.lookup_accepted_tokens > 0 and c.lookup_draft_tokens > c.lookup_accepted_tokens, c
+        assert c.drafts > c.lookup_drafts, c
+    else:
+        assert c.lookup_drafts == 0
     assert spec.block_manager.num_used == 0
     assert spec.speculator.service.stats()["live_contexts"] == 0
     m = got[0].metrics
@@ -171,9 +180,12 @@ def sample_first_three(engine, prompt, params, n) -> np.ndarray:
 def chi_square_p(counts: np.ndarray, law: np.ndarray) -> float:
     expected = law.flatten() * counts.sum()
     observed = counts.flatten()
+    if observed[expected == 0].sum():
+        return 0.0  # an outcome the target's law rules out (top-k, top-p) was sampled
     keep = expected >= 5
-    obs = np.append(observed[keep], observed[~keep].sum())
-    exp = np.append(expected[keep], expected[~keep].sum())
+    obs, exp = observed[keep], expected[keep]
+    if expected[~keep].sum() > 0:  # the rare cells pooled into one
+        obs, exp = np.append(obs, observed[~keep].sum()), np.append(exp, expected[~keep].sum())
     return stats.chisquare(obs, exp).pvalue
 
 
@@ -183,19 +195,44 @@ PARAMS = SamplingParams(temperature=0.9, top_k=6, top_p=0.95, max_tokens=6, igno
 N_SAMPLES = 20000
 
 
+def de_bruijn(k: int, n: int) -> list[int]:
+    """A cyclic sequence over range(k) holding every n-gram once; its first n-1 tokens are appended so that the
+    plain list holds them all."""
+    a, out = [0] * k * n, []
+
+    def db(t, p):
+        if t > n:
+            if n % p == 0:
+                out.extend(a[1: p + 1])
+        else:
+            a[t] = a[t - p]
+            db(t + 1, p)
+            for j in range(a[t - p] + 1, k):
+                a[t] = j
+                db(t + 1, t)
+
+    db(1, 1)
+    return out + out[: n - 1]
+
+
 @pytest.mark.slow
-def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, monkeypatch):
+@pytest.mark.parametrize("mode", ["fixed:3", "fixed:3+lookup"])
+def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, monkeypatch, mode):
+    """The drafter's blocks, or, with +lookup, blocks copied from a prompt that holds every 2-gram of the vocabulary
+    (so lookup matches at every step, and copies by a one-hot p_d)."""
     target_dir, drafter_dir = tiny_vocab_pair
     engine = LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", device="cpu", drafter=str(drafter_dir),
-                                    speculation="fixed:3", max_num_seqs=256, max_num_batched_tokens=2048,
+                                    speculation=mode, max_num_seqs=256, max_num_batched_tokens=4096,
                                     kv_cache_memory_gb=0.2, max_waiting=N_SAMPLES))
     assert engine.speculator is not None, engine.drafter_error
-    prompt = [1, 4, 5, 6]
+    prompt = de_bruijn(V, 2) if mode.endswith("+lookup") else [1, 4, 5, 6]
     law = exact_law(target_dir, prompt, PARAMS)
     counts = sample_first_three(engine, prompt, PARAMS, N_SAMPLES)
     c = engine.speculator.counters
-    assert 0.05 * c.draft_tokens < c.accepted_tokens < 0.95 * c.draft_tokens  # both paths ran, often
+    # both paths ran, often (copies from a prompt of every 2-gram are mostly rejected, yet thousands accepted)
+    assert 0.02 * c.draft_tokens < c.accepted_tokens < 0.95 * c.draft_tokens
     assert c.verify_length_hist[3] > 0
+    assert c.lookup_drafts == (c.drafts if mode.endswith("+lookup") else 0), c
     p = chi_square_p(counts, law)
     assert p > 1e-3, p
 
