@@ -116,6 +116,31 @@ def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, tmp_path
     assert sum(m["acceptance_histogram"]) == m["num_spec_steps"]
 
 
+def test_closed_lookup_gate_hands_copies_to_the_drafter(trained_pair, tmp_path, default_tokenizer):
+    """adaptive+lookup where verifying copies has not paid (the lookup gate closed at every load, never probing): the
+    sequences lookup would have taken join the draft round instead, and the output is still plain decoding's."""
+    from engine.spec_controller import _GateState
+
+    _, drafter_dir = trained_pair
+    target_dir = make_predictable_target(tmp_path / "looping", default_tokenizer, seed=4, scale=0.005)
+    common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
+    plain = LLMEngine(EngineConfig(**common))
+    spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation="adaptive+lookup"))
+    spec.speculator.cost = StepCostModel(Curve([1, 512], [0.05, 0.06], alpha=0.0),
+                                         Curve([1, 64], [0.001, 0.002], alpha=0.0))
+    spec.speculator.gate = DraftGate(min_evidence=10**9)  # the draft round: open (as in the test above)
+    closed = DraftGate(min_evidence=0, probe_every=10**9, max_probe_every=10**9)
+    closed.buckets = {bits: _GateState(closed=True) for bits in range(1, 8)}
+    spec.speculator.lookup_gate = closed
+    prompts = random_prompts(8, seed=5)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    want = [o.token_ids for o in run(plain, prompts, params)]
+    assert [o.token_ids for o in run(spec, prompts, params, join_every=2)] == want
+    c = spec.speculator.counters
+    assert c.skipped_lookups > 0 and c.lookup_drafts == 0, c  # lookup matched, and was not verified
+    assert c.drafts > 0 and c.accepted_tokens > 0, c  # the drafter drafted instead
+
+
 def test_stop_inside_accepted_segment(trained_pair):
     target_dir, drafter_dir = trained_pair
     common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
