@@ -13,6 +13,7 @@ Each system runs in its own subprocess, so its peak RSS is its own.
 
     .venv/bin/python bench/engine_throughput.py            # writes bench/results/engine_throughput.{json,png}
     .venv/bin/python bench/engine_throughput.py --quick    # fewer tokens, to check it runs
+    .venv/bin/python bench/engine_throughput.py --name engine_throughput_avx512   # another results file
 """
 from __future__ import annotations
 
@@ -203,6 +204,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="16 new tokens, to check the script")
     ap.add_argument("--skip-hf-batch", action="store_true")
+    ap.add_argument("--name", default="engine_throughput", help="results file stem under bench/results/")
     ap.add_argument("--dtypes", default=",".join(DTYPES),
                     help="comma-separated; a CPU without AVX512-BF16 runs bf16 matmuls several times slower than fp32")
     args = ap.parse_args()
@@ -221,7 +223,7 @@ def main() -> None:
             report[dtype][system] = res
             print(json.dumps(res), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    name = "engine_throughput" + ("_quick" if args.quick else "")
+    name = args.name + ("_quick" if args.quick else "")
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1))
     plot(report, RESULTS / f"{name}.png")
     print_table(report)
