@@ -148,6 +148,7 @@ def test_linear_small_against_float64(dtype, with_bias):
         w = (torch.randn(101, K, generator=gen) / K ** 0.5).to(dtype)
         b = torch.randn(101, generator=gen).to(dtype) if with_bias else None
         lin = Linear(w, b)
+        assert lin._small is not None  # bf16 too, also where oneDNN packs bf16 natively
         for m in range(1, 9):
             x = torch.randn(m, K, generator=gen).to(dtype)
             want = x.double() @ w.double().T + (b.double() if with_bias else 0)
