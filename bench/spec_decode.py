@@ -15,10 +15,11 @@ Before the rounds, one unmeasured cell per adaptive mode and concurrency lets th
 a running server's gate has.
 Metrics per cell: output tokens/s (all tokens of the batch over its wall time, prefill included), mean per-request
 TPOT, mean verify length, and tokens per speculative step.
-A cell is one static batch by default, so its tok/s waits for its slowest request: speculation speeds some answers up
-more than others, and the batch's last steps run fewer sequences at nearly the price of all. --waves W instead keeps
-`conc` requests in flight over W x conc requests (continuous arrivals, as a loaded server has) and counts tok/s
-while the queue lasts.
+A cell is static batches by default: at concurrency c, ceil(--min-requests / c) batches of c different prompts run
+back to back (4 prompts one at a time at concurrency 1, one batch from 4 up), and a batch's tok/s waits for its
+slowest request: speculation speeds some answers up more than others, and the batch's last steps run fewer sequences
+at nearly the price of all. --waves W instead keeps `conc` requests in flight over W x conc requests (continuous
+arrivals, as a loaded server has) and counts tok/s while the queue lasts.
 
     .venv/bin/python bench/spec_decode.py           # writes bench/results/spec_decode.{json,png}
     .venv/bin/python bench/spec_decode.py --quick   # concurrency 1 and 4, 32 new tokens
@@ -78,19 +79,28 @@ def run_cell(engine, prompts, mode: str, temperature: float, new_tokens: int, se
     tokens = sum(len(o.token_ids) for o in outs.values())
     tpots = [o.metrics["tpot_s"] for o in outs.values() if "tpot_s" in o.metrics]
     c = spec.counters
-    drafted_seqs = sum(c.verify_length_hist) - before[3]
-    verified = sum(i * n for i, n in enumerate(c.verify_length_hist)) - before[4]
-    drafts = c.drafts - before[1]
-    accepted = c.accepted_tokens - before[2]
+    return {"tokens": tokens, "seconds": elapsed, "tpots": tpots,
+            "window_tokens": window_tokens if window_end else tokens,
+            "window_seconds": window_end - t0 if window_end else elapsed,
+            "drafted_seqs": sum(c.verify_length_hist) - before[3],
+            "verified": sum(i * n for i, n in enumerate(c.verify_length_hist)) - before[4],
+            "drafts": c.drafts - before[1], "accepted": c.accepted_tokens - before[2],
+            "draft_tokens": c.draft_tokens - before[0]}
+
+
+def summarize(parts: list[dict]) -> dict:
+    """One cell's figures from the run_cell results of its consecutive batches."""
+    n = {k: sum(p[k] for p in parts) for k in parts[0] if k != "tpots"}
+    tpots = [t for p in parts for t in p["tpots"]]
     return {
-        "tok_s": window_tokens / (window_end - t0) if window_end else tokens / elapsed,
+        "tok_s": n["window_tokens"] / n["window_seconds"],
         "tpot_ms": 1000 * sum(tpots) / max(len(tpots), 1),
-        "mean_verify_len": verified / max(drafted_seqs, 1),
+        "mean_verify_len": n["verified"] / max(n["drafted_seqs"], 1),
         # per sequence per decode step, skipped draft rounds included: every step emits 1 + accepted per sequence
-        "verify_per_seq_step": verified / max(tokens - accepted, 1),
-        "tokens_per_spec_step": 1 + (c.accepted_tokens - before[2]) / max(drafts, 1),
-        "acceptance_rate": (c.accepted_tokens - before[2]) / max(c.draft_tokens - before[0], 1),
-        "tokens": tokens, "seconds": elapsed,
+        "verify_per_seq_step": n["verified"] / max(n["tokens"] - n["accepted"], 1),
+        "tokens_per_spec_step": 1 + n["accepted"] / max(n["drafts"], 1),
+        "acceptance_rate": n["accepted"] / max(n["draft_tokens"], 1),
+        "tokens": n["tokens"], "seconds": n["seconds"], "requests": len(tpots),
     }
 
 
@@ -105,6 +115,9 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=1,
                     help="1: each cell is one static batch of `conc` requests; W > 1: W x conc requests, `conc` in "
                          "flight (a finished one replaced by the next), tok/s counted while the queue lasts")
+    ap.add_argument("--min-requests", type=int, default=4,
+                    help="static batches: a cell at concurrency c runs ceil(N / c) batches of c different prompts back "
+                         "to back, so that a low-concurrency cell is not one prompt's answer")
     args = ap.parse_args()
     modes = ["off"] + [m for m in MODES if m != "off" and m in args.modes.split(",")]
     adaptive_modes = [m for m in modes if m.startswith("adaptive")]
@@ -116,24 +129,32 @@ def main() -> None:
     from engine import EngineConfig, LLMEngine
 
     report = {"new_tokens": n_new, "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"), "modes": modes,
-              "waves": args.waves, "mixes": {}}
+              "waves": args.waves, "min_requests": args.min_requests if args.waves == 1 else None, "mixes": {}}
     for mix, (split, temperature) in MIXES.items():
         engine = LLMEngine(EngineConfig(drafter=args.drafter, max_num_seqs=64, max_num_batched_tokens=2048,
                                         kv_cache_memory_gb=1.0))
         if engine.speculator is None:
             raise SystemExit(f"no speculation: {engine.drafter_error}")
         records = load_prompts(split)
-        if len(records) < max(concs) * args.waves:
-            raise SystemExit(f"--waves {args.waves}: {split} has {len(records)} prompts, fewer than "
-                             f"{max(concs)} x {args.waves}")
+        batches = {c: 1 if args.waves > 1 else -(-args.min_requests // c) for c in concs}
+        needed = max(c * max(args.waves, batches[c]) for c in concs)
+        if len(records) < needed:
+            raise SystemExit(f"{split} has {len(records)} prompts, fewer than the {needed} needed")
         prompts = [list(engine.tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True,
                                                              tokenize=True, return_dict=True)["input_ids"])
-                   for r in records[: max(concs) * args.waves]]
+                   for r in records[:needed]]
+
+        def cell(mode: str, conc: int) -> dict:
+            if args.waves > 1:
+                return summarize([run_cell(engine, prompts[:conc * args.waves], mode, temperature, n_new, seed=conc,
+                                           conc=conc)])
+            return summarize([run_cell(engine, prompts[b * conc:(b + 1) * conc], mode, temperature, n_new,
+                                       seed=1000 * b + conc) for b in range(batches[conc])])
         # Warm-up, not measured: a server's draft gate has long since explored the load buckets it sees (a bucket
         # drafts for its first 64 sequence-steps before it may close); here every cell is a fresh batch.
         for conc in concs:
             for mode in adaptive_modes:
-                run_cell(engine, prompts[:conc], mode, temperature, n_new, seed=conc)
+                cell(mode, conc)
         rounds: dict[str, list[dict]] = {}
         for rep in range(args.repeats):
             for conc in concs:
@@ -141,7 +162,7 @@ def main() -> None:
                 # per-round ratios below compare cells a few seconds apart on this drifting machine
                 order = ["off"] + adaptive_modes + [m for m in modes if m != "off" and m not in adaptive_modes]
                 for mode in order if rep % 2 == 0 else order[::-1]:
-                    res = run_cell(engine, prompts[:conc * args.waves], mode, temperature, n_new, seed=conc, conc=conc)
+                    res = cell(mode, conc)
                     rounds.setdefault(f"{mode}@{conc}", []).append(res)
                     print(f"{mix:9s} round {rep} conc {conc:3d} {mode:15s} {res['tok_s']:7.1f} tok/s  "
                           f"tpot {res['tpot_ms']:6.1f} ms  verify {res['mean_verify_len']:.2f}  "
