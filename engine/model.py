@@ -31,6 +31,12 @@ class Linear:
     oneDNN's bf16 GEMM at 8.4 / 8.7 / 9.6, and a decode step at 1 and 4 sequences went from 9.7-10.7 to 8.7-9.1 ms.
     Where oneDNN cannot pack bf16 at all (no AVX512-BW/VL/DQ), more rows run its fp32 GEMM over the widened weight.
 
+    With AVX512-BF16, bf16 runs `linear_bf16` from 5 to 20 rows: vdpbf16ps multiplies and adds 32 bf16 pairs an
+    instruction, where linear_small widens the weight and runs fp32 FMAs, which become the limit from about 5 rows. The
+    default model's linears from DRAM (a scratch A/B, medians of 10 rounds): 5.0 / 5.6 / 5.2 / 6.9 / 8.6 / 10.6 ms at
+    1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's 5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 / 7.3 / 8.8 /
+    9.8 / 11.3 / 12.4; oneDNN is level at 24 rows and ahead from 32. Up to 4 rows linear_small stays: level there.
+
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
     bf16, widened on load: the same values, so the same result to the bit, from half the bytes.
 
@@ -40,6 +46,8 @@ class Linear:
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32 (1.35x at 5-8 rows), bf16 and Q8_0
+    SMALL_BF16_ROWS = 4  # linear_small up to here in bf16 too: level with linear_bf16 at 1-4 rows
+    BF16_ROWS = 20  # linear_bf16 against oneDNN's bf16 GEMM: 1.3-1.4x at 12-20 rows, level at 24, behind from 32
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
@@ -62,6 +70,9 @@ class Linear:
                     self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 64)
                     self._widened, self._bias32 = True, None if bias is None else bias.float()
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
+        self._bf16 = None
+        if k is not None and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0 and k.has_linear_bf16():
+            self._bf16 = k
         if k is not None and k.has_linear_small():
             self._small = k
             if weight.dtype == torch.float32:
@@ -74,6 +85,9 @@ class Linear:
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if (self._bf16 is not None and x.dim() == 2 and self.SMALL_BF16_ROWS < x.shape[0] <= self.BF16_ROWS
+                and x.dtype == torch.bfloat16 and x.is_contiguous()):
+            return self._bf16.linear_bf16(x, self._small_weight, self.bias)
         if self._small is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_ROWS and x.is_contiguous():
             if self._q8 is not None:
                 return self._small.linear_small_q8(x, *self._q8, self.bias)

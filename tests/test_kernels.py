@@ -155,7 +155,7 @@ def test_linear_small_against_float64(dtype, with_bias):
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(cpu_kernels().linear_small(x, w, b).double(), want, rtol=tol, atol=tol)
             torch.testing.assert_close(lin(x).double(), want, rtol=tol, atol=tol)
-        for m in (16, 64):  # past the kernel: oneDNN (in bf16 without AVX512-BF16: fp32 over the widened weight)
+        for m in (16, 64):  # past the kernel: linear_bf16 or oneDNN (fp32 over the widened weight without AVX512-BF16)
             x = torch.randn(m, K, generator=gen).to(dtype)
             want = x.double() @ w.double().T + (b.double() if with_bias else 0)
             y = lin(x)
@@ -163,6 +163,39 @@ def test_linear_small_against_float64(dtype, with_bias):
             torch.testing.assert_close(y.double(), want, rtol=tol, atol=tol)
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         cpu_kernels().linear_small(torch.zeros(9, 64, dtype=dtype), w[:, :64].contiguous(), None)
+
+
+@pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_bf16(), reason="needs AVX512-BF16")
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_bf16_against_float64(with_bias):
+    """The vdpbf16ps kernel at 1 to 24 rows (its blocks of 8 rows and every remainder), an output count that leaves a
+    tail after its groups of 3 weight rows (101), and three widths, against float64 over the same bf16 values; Linear
+    routes bf16 rows from SMALL_BF16_ROWS + 1 to BF16_ROWS to it (the same bits), fewer to linear_small and more to
+    oneDNN, and the answer is the same."""
+    from engine.model import Linear
+
+    gen = torch.Generator().manual_seed(3)
+    for K in (64, 576, 1536):
+        w = (torch.randn(101, K, generator=gen) / K ** 0.5).bfloat16()
+        b = torch.randn(101, generator=gen).bfloat16() if with_bias else None
+        lin = Linear(w, b)
+        assert lin._bf16 is not None
+        for m in range(1, 25):
+            x = torch.randn(m, K, generator=gen).bfloat16()
+            want = x.double() @ w.double().T + (b.double() if with_bias else 0)
+            y = cpu_kernels().linear_bf16(x, w, b)
+            assert y.dtype == torch.bfloat16 and y.shape == (m, 101)
+            # one rounding to bf16 (2^-9 relative) after an fp32 sum
+            torch.testing.assert_close(y.double(), want, rtol=2 ** -8, atol=1e-4)
+            if Linear.SMALL_BF16_ROWS < m <= Linear.BF16_ROWS:
+                assert torch.equal(lin(x), y)
+            else:
+                torch.testing.assert_close(lin(x).double(), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(RuntimeError, match="K a multiple of 32"):
+        cpu_kernels().linear_bf16(torch.zeros(2, 48, dtype=torch.bfloat16), torch.zeros(4, 48, dtype=torch.bfloat16),
+                                  None)
+    with pytest.raises(RuntimeError, match="must be bfloat16"):
+        cpu_kernels().linear_bf16(torch.zeros(2, 64), torch.zeros(4, 64), None)
 
 
 def assert_same_bits_as_over_fp32(lin, weight, bias, gen):
