@@ -1005,7 +1005,7 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
 
 #if defined(__AVX512BF16__)
 namespace {
-// y[m0 + m, j0 + j] for MB rows of x against NJ weight rows, bf16 both, with vdpbf16ps: one instruction multiplies 32
+// y[m, j0 + j] for MB rows of x against NJ weight rows, bf16 both, with vdpbf16ps: one instruction multiplies 32
 // bf16 pairs (exact in fp32) and adds them, two per lane, into 16 fp32 sums. The MB x NJ sums stay in registers over
 // the whole of K; the weight rows two groups ahead are prefetched (each k step is one cache line of every row).
 template <int MB, int NJ>
@@ -1052,14 +1052,6 @@ void rows_group_bf16(int64_t M, const c10::BFloat16* x, const c10::BFloat16* w, 
   }
 }
 
-template <int NJ>
-void linear_groups_bf16(int64_t M, const c10::BFloat16* x, const c10::BFloat16* w, const c10::BFloat16* bias,
-                        c10::BFloat16* y, int64_t K, int64_t N) {
-  at::parallel_for(0, N / NJ, 16, [&](int64_t b, int64_t e) {
-    for (int64_t g = b; g < e; ++g) rows_group_bf16<NJ>(M, x, w, bias, y, K, N, g * NJ);
-  });
-  for (int64_t j = N / NJ * NJ; j < N; ++j) rows_group_bf16<1>(M, x, w, bias, y, K, N, j);
-}
 }  // namespace
 
 // y = x w^T + b in bf16 for a moderate number of rows (a verify batch, a few sequences' draft blocks): x [M, K],
@@ -1082,7 +1074,11 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::opti
   auto* yp = y.data_ptr<c10::BFloat16>();
   // 8 x 3 sums, 3 weight vectors and one of x: 28 of the 32 zmm registers. (Fewer rows of x with more weight rows per
   // group, 4 x 6 or 2 x 8, ran no faster at 1-2 rows and slower at 3-5.)
-  linear_groups_bf16<3>(M, xp, wp, bp, yp, K, N);
+  constexpr int64_t NJ = 3;
+  at::parallel_for(0, N / NJ, 16, [&](int64_t b, int64_t e) {
+    for (int64_t g = b; g < e; ++g) rows_group_bf16<NJ>(M, xp, wp, bp, yp, K, N, g * NJ);
+  });
+  for (int64_t j = N / NJ * NJ; j < N; ++j) rows_group_bf16<1>(M, xp, wp, bp, yp, K, N, j);
   return y;
 }
 #endif
