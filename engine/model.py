@@ -31,11 +31,20 @@ class Linear:
     oneDNN's bf16 GEMM at 8.4 / 8.7 / 9.6, and a decode step at 1 and 4 sequences went from 9.7-10.7 to 8.7-9.1 ms.
     Where oneDNN cannot pack bf16 at all (no AVX512-BW/VL/DQ), more rows run its fp32 GEMM over the widened weight.
 
-    With AVX512-BF16, bf16 runs `linear_bf16` from 5 to 20 rows: vdpbf16ps multiplies and adds 32 bf16 pairs an
-    instruction, where linear_small widens the weight and runs fp32 FMAs, which become the limit from about 5 rows. The
-    default model's linears from DRAM (a scratch A/B, medians of 10 rounds): 5.0 / 5.6 / 5.2 / 6.9 / 8.6 / 10.6 ms at
-    1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's 5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 / 7.3 / 8.8 /
-    9.8 / 11.3 / 12.4; oneDNN is level at 24 rows and ahead from 32. Up to 4 rows linear_small stays: level there.
+    With AVX512-BF16, bf16 runs `linear_bf16` from 3 rows (5 before the tiles below) to 20: vdpbf16ps multiplies and
+    adds 32 bf16 pairs an instruction, where linear_small widens the weight and runs fp32 FMAs, the limit from 3-5 rows. The
+    default model's linears from DRAM (a scratch A/B, medians of 10 rounds, plain layout): 5.0 / 5.6 / 5.2 / 6.9 / 8.6
+    / 10.6 ms at 1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's 5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 /
+    7.3 / 8.8 / 9.8 / 11.3 / 12.4; oneDNN is level at 24 rows and ahead from 32.
+
+    bf16 weights (and the fp32 ones below that bf16 holds exactly) are kept for both kernels as tiles of 8 rows x 32
+    columns (`tile_bf16`): each group of 8 rows is one contiguous run, read front to back, where the plain layout had a
+    pass over a few rows read as many interleaved streams. On an AVX512-BF16 EPYC host (2 cores) that served one
+    sequential stream at 27-35 GB/s but the plain layout's streams at 13-18, the default model's linears, interleaved
+    in one process: linear_small 13.0 -> 9.1 ms at 1 row, 13.8 -> 9.2 at 2; linear_bf16 over tiles (8 weight rows by 3
+    rows of x, the next run requested while the group's later blocks compute from L1) 16.0 -> 10.0 ms at 3 rows,
+    15.8 -> 12.7 at 4, 15.0 -> 13.2 at 5, level from 8 (15.5) to 20 (25.8); the same bits as over the plain weight.
+    A bf16 decode step at 1 sequence: 14.0 -> 9.6 ms. linear_small keeps 1-2 rows, where it measured 5-15% ahead.
 
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
     bf16, widened on load: the same values, so the same result to the bit, from half the bytes.
@@ -46,7 +55,7 @@ class Linear:
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32 (1.35x at 5-8 rows), bf16 and Q8_0
-    SMALL_BF16_ROWS = 4  # linear_small up to here in bf16 too: level with linear_bf16 at 1-4 rows
+    SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: 5-15% ahead of linear_bf16 at 1-2 rows, behind from 3
     BF16_ROWS = 20  # linear_bf16 against oneDNN's bf16 GEMM: 1.3-1.4x at 12-20 rows, level at 24, behind from 32
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -81,6 +90,8 @@ class Linear:
                     self._small_weight = held
                 elif (q8 := q8_exact(weight)) is not None:
                     self._q8, self._small_weight = q8, None
+        if self._small is not None and self._small_weight is not None and self._small_weight.dtype == torch.bfloat16:
+            self._small_weight = tile_bf16(self._small_weight)
         if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
@@ -97,6 +108,15 @@ class Linear:
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def tile_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [N, K] as the kernels' tiles [N / 8, K / 32, 8, 32] where its shape allows, else as it is: each
+    group of 8 rows becomes one contiguous run that the kernels read front to back (engine/csrc, TiledBF16)."""
+    N, K = weight.shape
+    if N % 8 or K % 32:
+        return weight
+    return weight.view(N // 8, 8, K // 32, 32).permute(0, 2, 1, 3).contiguous()
 
 
 def q8_exact(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -225,6 +225,41 @@ def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
 
 
 @pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_linear_kernels_over_bf16_tiles_give_the_same_bits(x_dtype):
+    """A bf16 weight whose shape allows it is kept as tiles [N / 8, K / 32, 8, 32] (each group of 8 rows one
+    contiguous run): linear_small at 1 to 8 rows and linear_bf16 at 1 to 24 (its blocks of 3 rows and every
+    remainder) give the same bits over the tiles as over the plain weight, and so does Linear, for a bf16 weight and
+    for an fp32 one that bf16 holds exactly. Other shapes stay plain."""
+    from engine.model import Linear, tile_bf16
+
+    k = cpu_kernels()
+    gen = torch.Generator().manual_seed(4)
+    for N, K in ((96, 64), (200, 1536)):
+        w = (torch.randn(N, K, generator=gen) / K ** 0.5).bfloat16()
+        b = torch.randn(N, generator=gen).to(x_dtype)
+        tiles = tile_bf16(w)
+        assert tiles.shape == (N // 8, K // 32, 8, 32) and torch.equal(tiles[1, 1, 2], w[10, 32:64])
+        lin = Linear(w if x_dtype == torch.bfloat16 else w.float(), b)
+        assert lin._small_weight.shape == tiles.shape and lin.weight is None  # no plain copy beside the tiles
+        for m in range(1, 25):
+            x = torch.randn(m, K, generator=gen).to(x_dtype)
+            if m <= 8:
+                want = k.linear_small(x, w, b)
+                assert torch.equal(k.linear_small(x, tiles, b), want)
+                if x_dtype == torch.float32 or m <= Linear.SMALL_BF16_ROWS:
+                    assert torch.equal(lin(x), want)
+            if x_dtype == torch.bfloat16 and k.has_linear_bf16():
+                want = k.linear_bf16(x, w, b)
+                assert torch.equal(k.linear_bf16(x, tiles, b), want)
+                if Linear.SMALL_BF16_ROWS < m <= Linear.BF16_ROWS:
+                    assert torch.equal(lin(x), want)
+    assert tile_bf16(w[:100]).dim() == 2 and tile_bf16(w[:, :48]).dim() == 2
+    with pytest.raises(RuntimeError, match="bf16 tiles"):
+        k.linear_small(torch.zeros(1, K, dtype=x_dtype), tiles.float(), None)
+
+
+@pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().has_linear_small(), reason="needs AVX2 or AVX-512")
 def test_linear_runs_q8_0_valued_weights_from_int8_with_the_same_result():
     """A weight holding GGUF Q8_0 values (gguf-py's own quantizer and dequantizer make them, zero blocks included) is
     found exact and runs the kernel from its int8s and scales up to 8 rows: the same bits as linear_small over the
