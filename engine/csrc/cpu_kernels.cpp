@@ -133,6 +133,10 @@ void check_rows(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
+// Rows per thread of the norms. add_rms_norm at 16 / 32 / 64 rows of 576 in bf16: 5.8 / 9.9 / 16.4 us on one thread
+// (a grain of 64, before), 5.2 / 5.9 / 9.9 us with this one (2 cores); level at 8 rows.
+constexpr int64_t kNormGrain = 8;
+
 // out[t] = rms_norm(x[t]) * w
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(x, "x");
@@ -142,7 +146,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) rms_norm_row(xp + r * d, wp, op + r * d, d, eps);
     });
   });
@@ -161,7 +165,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
     scalar_t* rp = residual.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, rows, kNormGrain, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         scalar_t* rr = rp + r * d;
         const scalar_t* xr = xp + r * d;
