@@ -41,10 +41,11 @@ class Linear:
     columns (`tile_bf16`): each group of 8 rows is one contiguous run, read front to back, where the plain layout had a
     pass over a few rows read as many interleaved streams. On an AVX512-BF16 EPYC host (2 cores) that served one
     sequential stream at 27-35 GB/s but the plain layout's streams at 13-18, the default model's linears, interleaved
-    in one process: linear_small 13.0 -> 9.1 ms at 1 row, 13.8 -> 9.2 at 2; linear_bf16 over tiles (8 weight rows by 3
+    in one process: linear_small 13.5 -> 8.5 ms at 1 row, 12.4 -> 8.1 at 2; linear_bf16 over tiles (8 weight rows by 3
     rows of x, the next run requested while the group's later blocks compute from L1) 16.0 -> 10.0 ms at 3 rows,
     15.8 -> 12.7 at 4, 15.0 -> 13.2 at 5, level from 8 (15.5) to 20 (25.8); the same bits as over the plain weight.
-    A bf16 decode step at 1 sequence: 14.0 -> 9.6 ms. linear_small keeps 1-2 rows, where it measured 5-15% ahead.
+    A bf16 decode step at 1 sequence: 15.1 -> 10.2 ms. linear_small keeps 1-2 rows, where it measured 5-15% ahead of
+    linear_bf16 over the same tiles (9.1 / 9.2 against 9.6 / 10.7 ms at 1 / 2 rows).
 
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
     bf16, widened on load: the same values, so the same result to the bit, from half the bytes.

@@ -1059,6 +1059,16 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
 
 #if defined(__AVX512BF16__)
 namespace {
+// y[m, j0 + j] = the lanes of acc[m][j] summed, plus the bias, rounded to bf16 once: the one rounding both bf16
+// kernels share, so that they give the same bits.
+template <int MB, int NJ>
+inline void store_sums_bf16(const __m512 (&acc)[MB][NJ], const c10::BFloat16* bias, c10::BFloat16* y, int64_t N,
+                            int64_t j0) {
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NJ; ++j)
+      y[m * N + j0 + j] = st<c10::BFloat16>(_mm512_reduce_add_ps(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
+}
+
 // y[m, j0 + j] for MB rows of x against NJ weight rows, bf16 both, with vdpbf16ps: one instruction multiplies 32
 // bf16 pairs (exact in fp32) and adds them, two per lane, into 16 fp32 sums. The MB x NJ sums stay in registers over
 // the whole of K; the weight rows two groups ahead are prefetched (each k step is one cache line of every row).
@@ -1079,9 +1089,7 @@ inline void rows_dot_bf16(const c10::BFloat16* x, const c10::BFloat16* w, const 
       for (int j = 0; j < NJ; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < NJ; ++j)
-      y[m * N + j0 + j] = st<c10::BFloat16>(_mm512_reduce_add_ps(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
+  store_sums_bf16<MB, NJ>(acc, bias, y, N, j0);
 }
 
 // Row blocks of 8, then the rest: the group's NJ weight rows come from memory once and from L1 after that.
@@ -1127,9 +1135,7 @@ inline void tile_dot_bf16(const c10::BFloat16* x, const c10::BFloat16* run, cons
       for (int m = 0; m < MB; ++m) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv[m], w);
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < kTileRows; ++j)
-      y[m * N + j0 + j] = st<c10::BFloat16>(_mm512_reduce_add_ps(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
+  store_sums_bf16<MB, kTileRows>(acc, bias, y, N, j0);
 }
 
 // All M rows of x against run g: blocks of 3 rows (24 sums, 3 vectors of x and one of the weight in registers), the
