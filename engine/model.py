@@ -31,8 +31,9 @@ class Linear:
     oneDNN's bf16 GEMM at 8.4 / 8.7 / 9.6, and a decode step at 1 and 4 sequences went from 9.7-10.7 to 8.7-9.1 ms.
     Where oneDNN cannot pack bf16 at all (no AVX512-BW/VL/DQ), more rows run its fp32 GEMM over the widened weight.
 
-    With AVX512-BF16, bf16 runs `linear_bf16` from 3 rows (5 before the tiles below) to 20: vdpbf16ps multiplies and
-    adds 32 bf16 pairs an instruction, where linear_small widens the weight and runs fp32 FMAs, the limit from 3-5 rows. The
+    With AVX512-BF16, bf16 runs `linear_bf16` from 3 rows (5 before the tiles below) to 32: vdpbf16ps multiplies and
+    adds 32 bf16 pairs an instruction, where linear_small widens the weight and runs fp32 FMAs, the limit from 3-5
+    rows. The
     default model's linears from DRAM (a scratch A/B, medians of 10 rounds, plain layout): 5.0 / 5.6 / 5.2 / 6.9 / 8.6
     / 10.6 ms at 1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's 5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 /
     7.3 / 8.8 / 9.8 / 11.3 / 12.4; oneDNN is level at 24 rows and ahead from 32.
@@ -47,6 +48,13 @@ class Linear:
     A bf16 decode step at 1 sequence: 15.1 -> 10.2 ms. linear_small keeps 1-2 rows, where it measured 5-15% ahead of
     linear_bf16 over the same tiles (9.1 / 9.2 against 9.6 / 10.7 ms at 1 / 2 rows).
 
+    linear_bf16 then requested the run two ahead into L2 (not L1), a share of its lines in each block of rows, and
+    summed a row's 8 accumulators in one shuffle tree: same host, interleaved, 13.4 -> 9.4 ms at 4 rows, 17.0 -> 10.6
+    at 8, 18.9 -> 14.0 at 12, 22.1 -> 17.4 at 16 (L1 requests, all in the first block, had filled the core's few L1
+    miss buffers while the later blocks left memory idle); ahead of oneDNN now to 24 rows (22.2 vs 24.1 ms), level
+    at 32-48, behind at 64 (52.7 vs 49.2). A bf16 decode step at 4 / 8 / 16 sequences: 14.0 / 18.6 / 27.9 -> 10.6 /
+    13.2 / 22.5 ms.
+
     An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
     bf16, widened on load: the same values, so the same result to the bit, from half the bytes.
 
@@ -57,7 +65,7 @@ class Linear:
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32 (1.35x at 5-8 rows), bf16 and Q8_0
     SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: 5-15% ahead of linear_bf16 at 1-2 rows, behind from 3
-    BF16_ROWS = 20  # linear_bf16 against oneDNN's bf16 GEMM: 1.3-1.4x at 12-20 rows, level at 24, behind from 32
+    BF16_ROWS = 32  # linear_bf16 against oneDNN's bf16 GEMM: 1.4x at 8 rows, 1.1x at 16-24, level at 32-48
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight

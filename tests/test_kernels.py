@@ -180,7 +180,7 @@ def test_linear_bf16_against_float64(with_bias):
         b = torch.randn(101, generator=gen).bfloat16() if with_bias else None
         lin = Linear(w, b)
         assert lin._bf16 is not None
-        for m in range(1, 25):
+        for m in range(1, Linear.BF16_ROWS + 3):
             x = torch.randn(m, K, generator=gen).bfloat16()
             want = x.double() @ w.double().T + (b.double() if with_bias else 0)
             y = cpu_kernels().linear_bf16(x, w, b)
@@ -228,21 +228,21 @@ def test_linear_keeps_bf16_exact_fp32_weights_in_bf16_with_the_same_result():
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_linear_kernels_over_bf16_tiles_give_the_same_bits(x_dtype):
     """A bf16 weight whose shape allows it is kept as tiles [N / 8, K / 32, 8, 32] (each group of 8 rows one
-    contiguous run): linear_small at 1 to 8 rows and linear_bf16 at 1 to 24 (its blocks of 3 rows and every
-    remainder) give the same bits over the tiles as over the plain weight, and so does Linear, for a bf16 weight and
-    for an fp32 one that bf16 holds exactly. Other shapes stay plain."""
+    contiguous run): linear_small at 1 to 8 rows and linear_bf16 from 1 row to past Linear's limit (its blocks of 3
+    rows and every remainder, with and without a bias) give the same bits over the tiles as over the plain weight,
+    and so does Linear, for a bf16 weight and for an fp32 one that bf16 holds exactly. Other shapes stay plain."""
     from engine.model import Linear, tile_bf16
 
     k = cpu_kernels()
     gen = torch.Generator().manual_seed(4)
-    for N, K in ((96, 64), (200, 1536)):
+    for N, K, with_bias in ((96, 64, False), (200, 1536, True)):
         w = (torch.randn(N, K, generator=gen) / K ** 0.5).bfloat16()
-        b = torch.randn(N, generator=gen).to(x_dtype)
+        b = torch.randn(N, generator=gen).to(x_dtype) if with_bias else None
         tiles = tile_bf16(w)
         assert tiles.shape == (N // 8, K // 32, 8, 32) and torch.equal(tiles[1, 1, 2], w[10, 32:64])
         lin = Linear(w if x_dtype == torch.bfloat16 else w.float(), b)
         assert lin._small_weight.shape == tiles.shape and lin.weight is None  # no plain copy beside the tiles
-        for m in range(1, 25):
+        for m in range(1, Linear.BF16_ROWS + 3):
             x = torch.randn(m, K, generator=gen).to(x_dtype)
             if m <= 8:
                 want = k.linear_small(x, w, b)
