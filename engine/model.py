@@ -33,10 +33,10 @@ class Linear:
 
     With AVX512-BF16, bf16 runs `linear_bf16` from 3 rows (5 before the tiles below) to 32: vdpbf16ps multiplies and
     adds 32 bf16 pairs an instruction, where linear_small widens the weight and runs fp32 FMAs, the limit from 3-5
-    rows. The
-    default model's linears from DRAM (a scratch A/B, medians of 10 rounds, plain layout): 5.0 / 5.6 / 5.2 / 6.9 / 8.6
-    / 10.6 ms at 1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's 5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 /
-    7.3 / 8.8 / 9.8 / 11.3 / 12.4; oneDNN is level at 24 rows and ahead from 32.
+    rows. The default model's linears from DRAM (a scratch A/B, medians of 10 rounds, plain layout, before the L2
+    requests below): 5.0 / 5.6 / 5.2 / 6.9 / 8.6 / 10.6 ms at 1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's
+    5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 / 7.3 / 8.8 / 9.8 / 11.3 / 12.4; oneDNN was level at 24 rows and
+    ahead from 32.
 
     bf16 weights (and the fp32 ones below that bf16 holds exactly) are kept for both kernels as tiles of 8 rows x 32
     columns (`tile_bf16`): each group of 8 rows is one contiguous run, read front to back, where the plain layout had a

@@ -1065,8 +1065,8 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
 
 #if defined(__AVX512BF16__)
 namespace {
-// y[m, j0 + j] = the lanes of acc[m][j] summed, plus the bias, rounded to bf16 once: the one rounding both bf16
-// kernels share, so that they give the same bits.
+// y[m, j0 + j] = the lanes of acc[m][j] summed, plus the bias, rounded to bf16 once (the plain-layout kernel; the
+// tiled one does the same arithmetic 8 sums at a time in store_sums8_bf16, so both give the same bits).
 template <int MB, int NJ>
 inline void store_sums_bf16(const __m512 (&acc)[MB][NJ], const c10::BFloat16* bias, c10::BFloat16* y, int64_t N,
                             int64_t j0) {
@@ -1180,11 +1180,13 @@ inline void tile_dot_bf16(const c10::BFloat16* x, const c10::BFloat16* run, cons
 // All M rows of x against run g: blocks of 3 rows (24 sums, 3 vectors of x and one of the weight in registers), the
 // run from L2 for the first and from L1 for the rest. The run two ahead goes to L2 (_MM_HINT_T1): requests into L1,
 // all in the first block, held the core's few L1 miss buffers and left memory idle during the later blocks (with
-// them, 8 rows of x took as long as compute plus memory; with these, 1.6x less at 8 rows, 1.3x at 16).
+// them, 8 rows of x took as long as compute plus memory; with these, 1.6x less at 8 rows, 1.3x at 16). A single
+// block (up to 3 rows) reads the runs as one stream, which the hardware prefetcher follows: requests there measured
+// 10-16% slower at 3 rows.
 void tiles_group_bf16(int64_t M, const c10::BFloat16* x, const c10::BFloat16* tiles, const c10::BFloat16* bias,
                       c10::BFloat16* y, int64_t K, int64_t N, int64_t g) {
   const c10::BFloat16* run = tiles + g * kTileRows * K;
-  const c10::BFloat16* next = (g + 2) * kTileRows < N ? run + 2 * kTileRows * K : nullptr;
+  const c10::BFloat16* next = M > 3 && (g + 2) * kTileRows < N ? run + 2 * kTileRows * K : nullptr;
   const int64_t j0 = g * kTileRows;
   const int parts = (M + 2) / 3;
   int64_t m = 0;
