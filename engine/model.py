@@ -4,7 +4,9 @@ The weights come from the transformers model (`engine.loader.load_hf_model`); on
 the default model (bench/engine_throughput.py): transformers' own forward spends about 6.7 ms per decode step outside
 its linear layers on this CPU, several times this loop's overhead, because of per-layer mask, cache and kwargs
 machinery. So the engine runs its own short loop over the same weights, with q/k/v and gate/up fused, one packed
-token dimension (no batch padding) and paged K/V.
+token dimension (no batch padding) and paged K/V. On the CPU, a step of decodes and verify segments whose linears all
+run the C++ kernels takes that loop as one C++ call (decoder_layers in engine/csrc), the same kernels in the same
+order.
 """
 from __future__ import annotations
 
@@ -104,14 +106,24 @@ class Linear:
         if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
+    def kernel_args(self, rows: int, dtype: torch.dtype) -> tuple | None:
+        """(kind, weight, q8 scales, bias) of the kernel that runs `rows` contiguous rows of `dtype`, or None where
+        oneDNN or F.linear does; kind as engine/csrc's LinearKernel (0 linear_small, 1 linear_small_q8, 2
+        linear_bf16)."""
+        if self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
+            return 2, self._small_weight, None, self.bias
+        if self._small is not None and rows <= self.SMALL_ROWS:
+            return (1, *self._q8, self.bias) if self._q8 is not None else (0, self._small_weight, None, self.bias)
+        return None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (self._bf16 is not None and x.dim() == 2 and self.SMALL_BF16_ROWS < x.shape[0] <= self.BF16_ROWS
-                and x.dtype == torch.bfloat16 and x.is_contiguous()):
-            return self._bf16.linear_bf16(x, self._small_weight, self.bias)
-        if self._small is not None and x.dim() == 2 and x.shape[0] <= self.SMALL_ROWS and x.is_contiguous():
-            if self._q8 is not None:
-                return self._small.linear_small_q8(x, *self._q8, self.bias)
-            return self._small.linear_small(x, self._small_weight, self.bias)
+        if x.dim() == 2 and x.is_contiguous() and (args := self.kernel_args(x.shape[0], x.dtype)) is not None:
+            kind, w, q8_scales, bias = args
+            if kind == 2:
+                return self._bf16.linear_bf16(x, w, bias)
+            if kind == 1:
+                return self._small.linear_small_q8(x, w, q8_scales, bias)
+            return self._small.linear_small(x, w, bias)
         if self._widened:
             return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, self._bias32, "none", [], "").to(x.dtype)
         if self._packed is not None:
@@ -205,6 +217,7 @@ class DecoderLM:
             pos = torch.arange(max_positions)[None]
             cos, sin = base.rotary_emb(torch.zeros(1, dtype=dtype), pos)
         self.cos, self.sin = cos[0].to(device), sin[0].to(device)
+        self._kernel_args: dict[int, tuple[list, list[int]] | None] = {}
 
     @torch.inference_mode()
     def forward(
@@ -221,8 +234,15 @@ class DecoderLM:
         cos = self.cos.index_select(0, positions)
         sin = self.sin.index_select(0, positions)
         h = F.embedding(input_ids, self.embed_tokens)
-        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
         taps = h.new_empty(h.shape[0], len(tap_layers) * self.hidden_size) if tap_layers else None
+        g = meta.small
+        if not meta.prefills and g is not None and g.cu_q is not None:
+            if (args := self._layer_kernel_args(h.shape[0])) is not None:  # the whole loop below in one C++ call
+                ops.k.decoder_layers(h, cos, sin, meta.slot_mapping, g.cu_q, g.ctx_len, g.block_tables, *args,
+                                     kv_cache.k, kv_cache.v, self.num_heads, self.num_kv_heads, eps, self.scaling,
+                                     meta.causal, list(tap_layers), taps)
+                return h, taps
+        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             q = ops.rope_and_cache(layer.qkv(x), cos, sin, meta.slot_mapping, kv_cache.k[i], kv_cache.v[i],
                                    self.num_heads, self.num_kv_heads, layer.q_norm, layer.k_norm, eps)
@@ -237,6 +257,23 @@ class DecoderLM:
                 k = tap_layers.index(i)
                 taps[:, k * self.hidden_size: (k + 1) * self.hidden_size] = h
         return h, taps
+
+    def _layer_kernel_args(self, rows: int) -> tuple[list, list[int]] | None:
+        """The parameters and linear kernels of every layer for the kernels' one-call layer loop (decoder_layers in
+        engine/csrc) at `rows` tokens, or None where a linear would not run a kernel there. Cached per row count."""
+        if rows not in self._kernel_args:
+            params, kinds = [], []
+            for layer in self.layers:
+                linears = [lin.kernel_args(rows, self.dtype) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+                if any(a is None for a in linears):
+                    self._kernel_args[rows] = None
+                    break
+                kinds += [a[0] for a in linears]
+                params += [layer.input_norm, *linears[0][1:], layer.q_norm, layer.k_norm, *linears[1][1:],
+                           layer.post_norm, *linears[2][1:], *linears[3][1:]]
+            else:
+                self._kernel_args[rows] = (params, kinds)
+        return self._kernel_args[rows]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
