@@ -106,29 +106,36 @@ class Linear:
         if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
-    def kernel_args(self, rows: int, dtype: torch.dtype) -> tuple | None:
-        """(kind, weight, q8 scales, bias) of the kernel that runs `rows` contiguous rows of `dtype`, or None where
-        oneDNN or F.linear does; kind as engine/csrc's LinearKernel (0 linear_small, 1 linear_small_q8, 2
-        linear_bf16)."""
-        if self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
+    def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
+        """(kind, weight, q8 scales, bias) of what runs x of `dtype`, `rows` contiguous rows (None: x is not that),
+        kind as engine/csrc's LinearKernel: 0 linear_small, 1 linear_small_q8, 2 linear_bf16, 3 oneDNN's GEMM, 4 the
+        same over x widened to fp32; None where F.linear does."""
+        if rows is None:
+            pass  # the kernels take contiguous rows only
+        elif self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
             return 2, self._small_weight, None, self.bias
-        if self._small is not None and rows <= self.SMALL_ROWS:
+        elif self._small is not None and rows <= self.SMALL_ROWS:
             return (1, *self._q8, self.bias) if self._q8 is not None else (0, self._small_weight, None, self.bias)
+        if self._widened:
+            return 4, self._packed, None, self._bias32
+        if self._packed is not None:
+            return 3, self._packed, None, self.bias
         return None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.is_contiguous() and (args := self.kernel_args(x.shape[0], x.dtype)) is not None:
-            kind, w, q8_scales, bias = args
-            if kind == 2:
-                return self._bf16.linear_bf16(x, w, bias)
-            if kind == 1:
-                return self._small.linear_small_q8(x, w, q8_scales, bias)
+        args = self.call_args(x.shape[0] if x.dim() == 2 and x.is_contiguous() else None, x.dtype)
+        if args is None:
+            return F.linear(x, self.weight, self.bias)
+        kind, w, q8_scales, bias = args
+        if kind == 2:
+            return self._bf16.linear_bf16(x, w, bias)
+        if kind == 1:
+            return self._small.linear_small_q8(x, w, q8_scales, bias)
+        if kind == 0:
             return self._small.linear_small(x, w, bias)
-        if self._widened:
-            return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, self._bias32, "none", [], "").to(x.dtype)
-        if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if kind == 4:
+            return torch.ops.mkldnn._linear_pointwise(x.float(), w, bias, "none", [], "").to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
 def tile_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -217,7 +224,7 @@ class DecoderLM:
             pos = torch.arange(max_positions)[None]
             cos, sin = base.rotary_emb(torch.zeros(1, dtype=dtype), pos)
         self.cos, self.sin = cos[0].to(device), sin[0].to(device)
-        self._kernel_args: dict[int, tuple[list, list[int]] | None] = {}
+        self._layer_args: dict[int, tuple[list, list[int]] | None] = {}
 
     @torch.inference_mode()
     def forward(
@@ -237,7 +244,7 @@ class DecoderLM:
         taps = h.new_empty(h.shape[0], len(tap_layers) * self.hidden_size) if tap_layers else None
         g = meta.small
         if not meta.prefills and g is not None and g.cu_q is not None:
-            if (args := self._layer_kernel_args(h.shape[0])) is not None:  # the whole loop below in one C++ call
+            if (args := self._layer_call_args(h.shape[0])) is not None:  # the whole loop below in one C++ call
                 ops.k.decoder_layers(h, cos, sin, meta.slot_mapping, g.cu_q, g.ctx_len, g.block_tables, *args,
                                      kv_cache.k, kv_cache.v, self.num_heads, self.num_kv_heads, eps, self.scaling,
                                      meta.causal, list(tap_layers), taps)
@@ -258,22 +265,22 @@ class DecoderLM:
                 taps[:, k * self.hidden_size: (k + 1) * self.hidden_size] = h
         return h, taps
 
-    def _layer_kernel_args(self, rows: int) -> tuple[list, list[int]] | None:
-        """The parameters and linear kernels of every layer for the kernels' one-call layer loop (decoder_layers in
-        engine/csrc) at `rows` tokens, or None where a linear would not run a kernel there. Cached per row count."""
-        if rows not in self._kernel_args:
+    def _layer_call_args(self, rows: int) -> tuple[list, list[int]] | None:
+        """Every layer's parameters and what runs its linears, for the one-call layer loop (decoder_layers in
+        engine/csrc) at `rows` tokens; None where a linear would run F.linear. Cached per row count."""
+        if rows not in self._layer_args:
             params, kinds = [], []
             for layer in self.layers:
-                linears = [lin.kernel_args(rows, self.dtype) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+                linears = [lin.call_args(rows, self.dtype) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
                 if any(a is None for a in linears):
-                    self._kernel_args[rows] = None
+                    self._layer_args[rows] = None
                     break
                 kinds += [a[0] for a in linears]
                 params += [layer.input_norm, *linears[0][1:], layer.q_norm, layer.k_norm, *linears[1][1:],
                            layer.post_norm, *linears[2][1:], *linears[3][1:]]
             else:
-                self._kernel_args[rows] = (params, kinds)
-        return self._kernel_args[rows]
+                self._layer_args[rows] = (params, kinds)
+        return self._layer_args[rows]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

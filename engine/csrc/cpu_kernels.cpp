@@ -1235,23 +1235,37 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::opti
 }
 #endif
 
-// The kernel a Linear runs at a step's row count (engine/model.py, Linear.kernel_args).
-enum LinearKernel : int64_t { kLinearSmall = 0, kLinearSmallQ8 = 1, kLinearBF16 = 2 };
-constexpr int64_t kLayerParams = 16;  // per layer in decoder_layers' params, in DecoderLM.layer_kernel_args' order
+// What a Linear runs at a step's row count (engine/model.py, Linear.call_args): one of the kernels above, or oneDNN's
+// GEMM over its prepacked weight (on x widened to fp32 and the result rounded back, where oneDNN packs no bf16).
+enum LinearKernel : int64_t { kLinearSmall = 0, kLinearSmallQ8 = 1, kLinearBF16 = 2, kOneDNN = 3, kOneDNNWidened = 4 };
+constexpr int64_t kLayerParams = 16;  // per layer in decoder_layers' params, in DecoderLM._layer_call_args' order
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                               std::string_view, c10::List<std::optional<at::Scalar>>,
+                                               std::optional<std::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<std::optional<at::Scalar>>(), std::string_view(""));
+}
 
 at::Tensor run_linear(const at::Tensor& x, int64_t kind, const c10::optional<at::Tensor>& w,
                       const c10::optional<at::Tensor>& q8_scales, const c10::optional<at::Tensor>& bias) {
-  if (kind == kLinearSmallQ8) return linear_small_q8(x, *w, *q8_scales, bias);
+  switch (kind) {
+    case kLinearSmallQ8: return linear_small_q8(x, *w, *q8_scales, bias);
 #if defined(__AVX512BF16__)
-  if (kind == kLinearBF16) return linear_bf16(x, *w, bias);
+    case kLinearBF16: return linear_bf16(x, *w, bias);
 #endif
-  TORCH_CHECK(kind == kLinearSmall, "decoder_layers: linear kernel ", kind, " is not built on this CPU");
-  return linear_small(x, *w, bias);
+    case kOneDNN: return onednn_linear(x, *w, bias);
+    case kOneDNNWidened: return onednn_linear(x.to(at::kFloat), *w, bias).to(x.scalar_type());
+    case kLinearSmall: return linear_small(x, *w, bias);
+  }
+  TORCH_CHECK(false, "decoder_layers: linear kind ", kind, " is not built on this CPU");
 }
 
 // DecoderLM.forward's loop over the decoder layers in one call, for a step where every sequence is in the attention
-// kernel's group (decodes and verify segments, no prefill chunk) and every linear runs one of the kernels above: the
-// same kernels in the same order, so the same bits, without the Python loop's 9 calls a layer through pybind (the
+// kernel's group (decodes and verify segments, no prefill chunk): the same kernels and GEMMs in the same order, so
+// the same bits, without the Python loop's 9 calls a layer through pybind (the
 // GIL taken back after each). The default model's bf16 decode step, passes alternating in one engine (medians of 3):
 // 9.85 -> 9.69 ms at 1 sequence, 11.76 -> 11.29 at 4, 21.9 -> 20.7 at 16; level at 32 within the noise. h [T, d]
 // (the embeddings) becomes the last layer's output in place; the outputs of the layers in tap_layers are copied
