@@ -2,6 +2,7 @@
 drafts wherever an n-gram of the text so far matches, and the DSpark drafter elsewhere (engine/ngram.py)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 MODES = ("off", "fixed", "threshold", "adaptive")
@@ -26,6 +27,11 @@ class SpecMode:
 def parse_speculation(text: str) -> SpecMode:
     if not isinstance(text, str):
         raise ValueError(f"speculation must be a string, got {type(text).__name__}")
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=256)  # read per sequence per step (SpecMode is frozen: sharing it is safe)
+def _parse(text: str) -> SpecMode:
     base, plus, extra = text.strip().lower().partition("+")
     lookup = plus and extra == "lookup"
     kind, _, arg = base.partition(":")
