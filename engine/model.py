@@ -4,9 +4,8 @@ The weights come from the transformers model (`engine.loader.load_hf_model`); on
 the default model (bench/engine_throughput.py): transformers' own forward spends about 6.7 ms per decode step outside
 its linear layers on this CPU, several times this loop's overhead, because of per-layer mask, cache and kwargs
 machinery. So the engine runs its own short loop over the same weights, with q/k/v and gate/up fused, one packed
-token dimension (no batch padding) and paged K/V. On the CPU, a step of decodes and verify segments whose linears all
-run the C++ kernels takes that loop as one C++ call (decoder_layers in engine/csrc), the same kernels in the same
-order.
+token dimension (no batch padding) and paged K/V. On the CPU, a step of decodes and verify segments (no prefill
+chunk) takes that loop as one C++ call (decoder_layers in engine/csrc): the same kernels and GEMMs in the same order.
 """
 from __future__ import annotations
 
@@ -17,6 +16,9 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.ops import Ops, cpu_kernels
+
+# What runs a Linear (Linear.call_args), numbered as engine/csrc's LinearKernel, which decoder_layers reads.
+LINEAR_SMALL, LINEAR_SMALL_Q8, LINEAR_BF16, LINEAR_ONEDNN, LINEAR_ONEDNN_WIDENED = range(5)
 
 
 class Linear:
@@ -108,18 +110,18 @@ class Linear:
 
     def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
         """(kind, weight, q8 scales, bias) of what runs x of `dtype`, `rows` contiguous rows (None: x is not that),
-        kind as engine/csrc's LinearKernel: 0 linear_small, 1 linear_small_q8, 2 linear_bf16, 3 oneDNN's GEMM, 4 the
-        same over x widened to fp32; None where F.linear does."""
-        if rows is None:
-            pass  # the kernels take contiguous rows only
-        elif self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
-            return 2, self._small_weight, None, self.bias
-        elif self._small is not None and rows <= self.SMALL_ROWS:
-            return (1, *self._q8, self.bias) if self._q8 is not None else (0, self._small_weight, None, self.bias)
+        kind one of the LINEAR_* below (engine/csrc's LinearKernel); None where F.linear does."""
+        if rows is not None:  # the kernels take contiguous rows only
+            if self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
+                return LINEAR_BF16, self._small_weight, None, self.bias
+            if self._small is not None and rows <= self.SMALL_ROWS:
+                if self._q8 is not None:
+                    return LINEAR_SMALL_Q8, *self._q8, self.bias
+                return LINEAR_SMALL, self._small_weight, None, self.bias
         if self._widened:
-            return 4, self._packed, None, self._bias32
+            return LINEAR_ONEDNN_WIDENED, self._packed, None, self._bias32
         if self._packed is not None:
-            return 3, self._packed, None, self.bias
+            return LINEAR_ONEDNN, self._packed, None, self.bias
         return None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -127,16 +129,15 @@ class Linear:
         if args is None:
             return F.linear(x, self.weight, self.bias)
         kind, w, q8_scales, bias = args
-        if kind == 2:
+        if kind == LINEAR_BF16:
             return self._bf16.linear_bf16(x, w, bias)
-        if kind == 1:
+        if kind == LINEAR_SMALL_Q8:
             return self._small.linear_small_q8(x, w, q8_scales, bias)
-        if kind == 0:
+        if kind == LINEAR_SMALL:
             return self._small.linear_small(x, w, bias)
-        if kind == 4:
+        if kind == LINEAR_ONEDNN_WIDENED:
             return torch.ops.mkldnn._linear_pointwise(x.float(), w, bias, "none", [], "").to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
-
 
 def tile_bf16(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 weight [N, K] as the kernels' tiles [N / 8, K / 32, 8, 32] where its shape allows, else as it is: each

@@ -364,7 +364,7 @@ def test_kernels_release_the_gil_while_they_run():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_decoder_layers_in_one_call_give_the_python_loops_bits(family, dtype, tmp_path, default_tokenizer):
-    """DecoderLM.forward runs its layer loop as one C++ call (decoder_layers) where every linear runs a kernel; it must
+    """DecoderLM.forward runs its layer loop as one C++ call (decoder_layers) for steps without prefill chunks; it must
     give the Python loop's logits, taps and K/V to the bit: decodes and verify segments of mixed lengths, qkv bias
     (qwen2) and q/k norms (qwen3), at row counts on each path of Linear (linear_small, linear_bf16, oneDNN)."""
     from engine import LLMEngine, SamplingParams
