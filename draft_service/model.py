@@ -204,6 +204,9 @@ class DSparkDrafter(nn.Module):
         self._lowrank = None
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
         self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
+        # rows -> decoder_layers' arguments (engine.model.layer_call_args), or None where a linear runs F.linear; None
+        # until optimize_for_inference
+        self._layer_args: dict | None = None
 
     # -- init / misc -----------------------------------------------------------
     @torch.no_grad()
@@ -258,7 +261,21 @@ class DSparkDrafter(nn.Module):
                 setattr(parent, leaf, PackedLinear(mod))
             elif isinstance(mod, RMSNorm) and ops.fused:
                 mod.fast_ops = ops
+        if ops.fused:
+            self._layer_args = {}
         return self
+
+    def _layer_call_args(self, rows: int) -> tuple[list, list[int]] | None:
+        """decoder_layers' arguments for the draft layers at `rows` block tokens, cached per row count."""
+        from engine.model import layer_call_args
+
+        if rows not in self._layer_args:
+            self._layer_args[rows] = layer_call_args(
+                [(ly.input_layernorm.weight.detach(), ly.self_attn.qkv, ly.self_attn.q_norm.weight.detach(),
+                  ly.self_attn.k_norm.weight.detach(), ly.self_attn.o_proj.fast,
+                  ly.post_attention_layernorm.weight.detach(), ly.mlp.gate_up[0], ly.mlp.down_proj.fast)
+                 for ly in self.layers], rows, self.dtype)
+        return self._layer_args[rows]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -320,6 +337,14 @@ class DSparkDrafter(nn.Module):
         ids[:, 0] = anchor_ids
         x = self.embed_tokens(ids).view(B * G, -1)
         cos, sin = self.rope_full((anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device)).view(-1))
+        g = meta.small
+        if self._layer_args is not None and g.cu_q is not None and (args := self._layer_call_args(B * G)) is not None:
+            # The loop below in one C++ call, as the target's decode step runs its layers (engine.model.DecoderLM)
+            attn = self.layers[0].self_attn
+            ops.k.decoder_layers(x, cos, sin, meta.slot_mapping, g.cu_q, g.ctx_len, g.block_tables, *args,
+                                 cache.k, cache.v, attn.n_heads, attn.n_kv, self.config.rms_norm_eps, attn.hd ** -0.5,
+                                 False, [], None)
+            return self.norm(x).view(B, G, -1)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)

@@ -139,6 +139,21 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x.float(), w, bias, "none", [], "").to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
+def layer_call_args(layers, rows: int, dtype: torch.dtype) -> tuple[list, list[int]] | None:
+    """Every layer's parameters and what runs its linears, for the one-call layer loop (decoder_layers in engine/csrc)
+    at `rows` tokens. `layers`: (input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down) per layer, norms as
+    weights (q/k norms may be None), linears as Linear. None where a linear would run F.linear."""
+    params, kinds = [], []
+    for input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down in layers:
+        linears = [lin.call_args(rows, dtype) for lin in (qkv, o, gate_up, down)]
+        if any(a is None for a in linears):
+            return None
+        kinds += [a[0] for a in linears]
+        params += [input_norm, *linears[0][1:], q_norm, k_norm, *linears[1][1:], post_norm, *linears[2][1:],
+                   *linears[3][1:]]
+    return params, kinds
+
+
 def tile_bf16(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 weight [N, K] as the kernels' tiles [N / 8, K / 32, 8, 32] where its shape allows, else as it is: each
     group of 8 rows becomes one contiguous run that the kernels read front to back (engine/csrc, TiledBF16)."""
@@ -267,20 +282,13 @@ class DecoderLM:
         return h, taps
 
     def _layer_call_args(self, rows: int) -> tuple[list, list[int]] | None:
-        """Every layer's parameters and what runs its linears, for the one-call layer loop (decoder_layers in
-        engine/csrc) at `rows` tokens; None where a linear would run F.linear. Cached per row count."""
+        """decoder_layers' arguments for this model's layers at `rows` tokens (layer_call_args), cached per row
+        count."""
         if rows not in self._layer_args:
-            params, kinds = [], []
-            for layer in self.layers:
-                linears = [lin.call_args(rows, self.dtype) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-                if any(a is None for a in linears):
-                    self._layer_args[rows] = None
-                    break
-                kinds += [a[0] for a in linears]
-                params += [layer.input_norm, *linears[0][1:], layer.q_norm, layer.k_norm, *linears[1][1:],
-                           layer.post_norm, *linears[2][1:], *linears[3][1:]]
-            else:
-                self._layer_args[rows] = (params, kinds)
+            self._layer_args[rows] = layer_call_args(
+                [(ly.input_norm, ly.qkv, ly.q_norm, ly.k_norm, ly.o, ly.post_norm, ly.gate_up, ly.down)
+                 for ly in self.layers],
+                rows, self.dtype)
         return self._layer_args[rows]
 
     @torch.inference_mode()

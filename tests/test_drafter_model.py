@@ -534,3 +534,33 @@ def test_inference_optimized_drafter_drafts_the_same(dtype):
         assert torch.equal(a.tokens, b.tokens)
         torch.testing.assert_close(a.probs, b.probs, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(a.confidence, b.confidence, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_layers_in_one_call_give_the_python_loops_bits(dtype):
+    """With the CPU kernels, a draft round runs its layers as one C++ call (decoder_layers, as the target's decode
+    step does); it must draft exactly what the Python loop over the same kernels drafts: the same tokens, p_d and
+    confidences to the bit, at block row counts on each of Linear's paths."""
+    from engine.ops import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.skip("CPU kernels unavailable")
+    cfg = make_cfg(head_dim=16, hidden_size=64, intermediate_size=128, block_size=7, attention_bias=True)
+    model = make_model(cfg, dtype=dtype).optimize_for_inference()
+    pool = DraftContextPool(model, max_tokens=2048)
+    lens = [30, 3, 17, 5, 9, 12, 1, 40, 22, 8, 2, 15, 0, 33]
+    reqs = []
+    for i, n in enumerate(lens):
+        h = pool.create_context()
+        pool.append(h, rand_taps(cfg, n, seed=40 + i, dtype=dtype), torch.arange(n))
+        reqs.append(DraftRequest(h, anchor_token=(7 * i) % 60, anchor_pos=n))
+    for batch in (1, 2, 5, 14):
+        rows = batch * cfg.block_size
+        model._layer_args[rows] = None  # the Python loop
+        python = pool.propose(reqs[:batch])
+        del model._layer_args[rows]
+        one_call = pool.propose(reqs[:batch])
+        assert model._layer_args[rows] is not None, f"{rows} rows did not take the one-call loop"
+        assert torch.equal(one_call.tokens, python.tokens)
+        assert torch.equal(one_call.probs, python.probs)
+        assert torch.equal(one_call.confidence, python.confidence)
