@@ -15,7 +15,7 @@ latency target caps a request's verify length.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.spec_mode import SpecMode
 
@@ -219,13 +219,26 @@ def choose_verify_lengths(cands: list[Candidate], base_tokens: int, num_decoding
 
 
 @dataclass
-class _GateState:
-    # Fading sums over the drafted steps (see DraftGate.record):
+class _Evidence:
+    """Sums over drafted steps (see DraftGate.record), fading or not."""
+
     gain: float = 0.0  # (tokens emitted) x (seconds a plain step would take, as predicted)
     cost: float = 0.0  # (sequences decoding) x (seconds the drafted step took, context catch-up excluded)
     full_cost: float = 0.0  # the same with the catch-up: what the steps really took
     tokens: float = 0.0  # tokens emitted
     sequences: float = 0.0  # sequences decoding
+
+    def add(self, step: tuple[float, float, float, float, float], fade: float) -> None:
+        self.gain, self.cost, self.full_cost, self.tokens, self.sequences = (
+            fade * old + new for old, new in zip((self.gain, self.cost, self.full_cost, self.tokens, self.sequences),
+                                                 step))
+
+
+@dataclass
+class _GateState:
+    drafted: _Evidence = field(default_factory=_Evidence)  # fading sums over the drafted steps
+    trial: _Evidence = field(default_factory=_Evidence)  # a trial's steps (DraftGate, fresh content)
+    trial_left: int = 0  # drafted steps left in a running trial
     samples: int = 0
     evidence: int = 0  # sequence-steps scored
     since_switch: int = 0  # closed: steps skipped since the last probe; open: steps drafted since the last control
@@ -262,7 +275,15 @@ class DraftGate:
     A probe first brings every sequence's draft context up to date: the taps of all the steps decoded plainly since
     the last round. That catch-up is a switching cost, not what drafting costs while the bucket is open, so the score
     that decides leaves it out; the spacing of probes counts it, since a probe really pays it (at 64 sequences, after
-    about 150 plain steps: a probe took 212 ms against a 48 ms plain step, 0.31x with the catch-up)."""
+    about 150 plain steps: a probe took 212 ms against a 48 ms plain step, 0.31x with the catch-up).
+
+    At one or two sequences the batch is one or two answers, and what closed a bucket may have been an answer that
+    drafted poorly and has since finished (at one sequence in-domain, 2 of 8 cells of 4 answers closed this way, and
+    the answers after it inherited the closed bucket: probes 8+ steps apart, one sequence-step each, take about 20
+    probes to outweigh a memory of 64 sequence-steps). So when fresh sequences (never drafted yet) make up at least half
+    of such a closed bucket's batch, it drafts `trial_steps` steps in a row, scored on their own: above
+    1 + `reopen_margin` they replace the bucket's evidence, whose content has left, and it reopens; otherwise they
+    count as probes. Content that drafts poorly everywhere (hard prompts) costs a trial per answer."""
 
     alpha: float = 0.1  # the fastest fade a step (of many sequences): about the last 10 steps count
     seq_alpha: float = 1 / 64  # the fade per sequence of a step: at one sequence, about the last 64 steps count
@@ -273,6 +294,8 @@ class DraftGate:
     plain_alpha: float = 0.1  # per plain step scored
     min_plain_samples: int = 2  # plain steps measured in a bucket before control steps are spaced out
     reopen_margin: float = 0.04  # a closed bucket reopens at a score above 1 + this
+    trial_steps: int = 4  # drafted steps of a trial of fresh content (below)
+    trial_max_seqs: int = 2  # the loads at which trials run: where one answer's content decides
 
     def __post_init__(self) -> None:
         self.buckets: dict[int, _GateState] = {}
@@ -287,7 +310,7 @@ class DraftGate:
 
     def score(self, num_decoding: int) -> float | None:
         st = self._state(num_decoding)
-        return st.gain / st.cost * self.plain_bias(num_decoding) if st.samples else None
+        return st.drafted.gain / st.drafted.cost * self.plain_bias(num_decoding) if st.samples else None
 
     def _judge(self, num_decoding: int) -> int:
         """A load whose bucket decides for this one: itself, or, while its bucket has too little evidence of its own,
@@ -329,18 +352,26 @@ class DraftGate:
         elif score > 1.0:
             loss = 1.0 - 1.0 / score
         else:  # what probes really cost, their context catch-up included
-            loss = st.tokens / st.sequences * (st.full_cost / (st.gain * self.plain_bias(judge)) - 1.0)
+            d = st.drafted
+            loss = d.tokens / d.sequences * (d.full_cost / (d.gain * self.plain_bias(judge)) - 1.0)
         return round(min(self.max_probe_every, max(self.probe_every, loss / self.probe_overhead)))
 
     def steps_until_probe(self, num_decoding: int) -> int:
-        """Steps until this bucket next drafts (1 when open)."""
-        if self.is_open(num_decoding):
+        """Steps until this bucket next drafts (1 when open or in a trial)."""
+        if self.is_open(num_decoding) or self._state(num_decoding).trial_left:
             return 1
         return max(1, self._spacing(num_decoding) - self._state(num_decoding).since_switch)
 
-    def should_draft(self, num_decoding: int) -> bool:
+    def should_draft(self, num_decoding: int, fresh: int = 0) -> bool:
+        """Whether to draft this step; `fresh`: how many of the `num_decoding` sequences have never drafted."""
         st = self._state(num_decoding)
-        if self.is_open(num_decoding):
+        if st.trial_left:
+            return True
+        open_ = self.is_open(num_decoding)
+        if not open_ and num_decoding <= self.trial_max_seqs and 2 * fresh >= num_decoding > 0:
+            st.trial_left, st.trial = self.trial_steps, _Evidence()
+            return True
+        if open_:
             # Until a couple of plain steps are measured at this load, the prediction alone judges: check it soon.
             spacing = self._spacing(num_decoding) if st.plain_samples >= self.min_plain_samples else 2
             if st.samples and st.since_switch >= spacing:
@@ -368,12 +399,17 @@ class DraftGate:
         st.samples += 1
         st.evidence += num_decoding
         fade = 1.0 - min(self.alpha, num_decoding * self.seq_alpha)
-        st.gain = fade * st.gain + emitted * plain_seconds
-        st.cost = fade * st.cost + num_decoding * (seconds - catch_up_seconds)
-        st.full_cost = fade * st.full_cost + num_decoding * seconds
-        st.tokens = fade * st.tokens + emitted
-        st.sequences = fade * st.sequences + num_decoding
+        step = (emitted * plain_seconds, num_decoding * (seconds - catch_up_seconds), num_decoding * seconds, emitted,
+                num_decoding)
+        st.drafted.add(step, fade)
         self._update(num_decoding)
+        if st.trial_left:
+            st.trial.add(step, 1.0)
+            st.trial_left -= 1
+            if not st.trial_left and st.trial.cost > 0.0 and (
+                    st.trial.gain / st.trial.cost * self.plain_bias(num_decoding) > 1.0 + self.reopen_margin):
+                st.drafted, st.closed = st.trial, False  # the fresh content wins: its evidence replaces the old
+                st.evidence = max(st.evidence, self.min_evidence)
         if not self.is_open(num_decoding):
             st.since_switch = 0  # closed (again): the next probe is a full spacing away
 

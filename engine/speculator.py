@@ -56,6 +56,7 @@ class SeqSpec:
     probs: torch.Tensor | None = None  # p_d of the block being verified (sampled requests; None for lookup)
     block: list[int] = field(default_factory=list)  # the drafted block
     by_lookup: bool = False  # whether the block came from prompt lookup rather than the drafter
+    drafted_once: bool = False  # whether the drafter has drafted for it (DraftGate: fresh content)
     lookup: NgramIndex | None = None  # +lookup modes: the n-grams of the text so far
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
@@ -160,7 +161,8 @@ class Speculator:
                 looked = [x for x in looked if self.mode_of(x[0].seq).kind != "adaptive"]
         drafting = rest if time.monotonic() >= self.disabled_until else []
         self.gated = any(self.mode_of(s.seq).kind == "adaptive" for s, _, _ in drafting)  # others draft as asked
-        if self.gated and not self.gate.should_draft(len(decoding)):
+        fresh = sum(not s.seq.spec.drafted_once for s, _, _ in drafting)
+        if self.gated and not self.gate.should_draft(len(decoding), fresh):
             self.counters.skipped_rounds += 1
             drafting = []
         step = self._draft([s.seq for s, _, _ in drafting]) if drafting else None
@@ -172,6 +174,7 @@ class Speculator:
             for j, (s, _, _) in enumerate(drafting):
                 spec = s.seq.spec
                 spec.block, spec.confidences, spec.by_lookup = step.tokens[j], step.confidences[j], False
+                spec.drafted_once = True
                 spec.probs = step.probs[sampled_rows[j]] if j in sampled_rows else None
         for s, _, block in looked:
             spec = s.seq.spec

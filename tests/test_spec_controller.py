@@ -261,6 +261,36 @@ def test_draft_gate_weighs_a_step_by_its_sequences():
         assert gate.is_open(n) == reopens, (n, gate.score(n))
 
 
+def test_draft_gate_gives_fresh_content_a_trial_at_low_load():
+    """At one sequence a bucket closed by an answer that drafted poorly is tried afresh when a new answer arrives:
+    trial_steps drafted steps in a row, scored on their own. A winning trial replaces the old evidence and reopens the
+    bucket; a losing one leaves it closed. No trial without fresh sequences, or above trial_max_seqs."""
+    def closed_gate(n):
+        gate = DraftGate()
+        for _ in range(200):  # drafting lost 10%: 1.5 tokens per sequence in 20 ms against one in 12 ms
+            gate.should_draft(n)
+            gate.record(n, emitted=1.5 * n, seconds=0.020, plain_seconds=0.012)
+        assert not gate.is_open(n)
+        return gate
+
+    for tokens, reopens in ((2.5, True), (1.5, False)):  # the new answer drafts 1.5x better than plain, or as before
+        gate = closed_gate(1)
+        assert not gate.should_draft(1, fresh=0)  # the same answer: wait for a probe
+        trial = [gate.should_draft(1, fresh=1 if i == 0 else 0) for i in range(gate.trial_steps)]
+        assert trial == [True] * gate.trial_steps
+        for _ in trial:
+            gate.record(1, emitted=tokens, seconds=0.020, plain_seconds=0.012)
+        assert gate.is_open(1) == reopens, gate.score(1)
+        if reopens:
+            assert gate.score(1) == pytest.approx(1.5)  # the trial's evidence alone
+            gate.record(1, emitted=1.0, seconds=0.020, plain_seconds=0.012)  # one poor step does not close it
+            assert gate.is_open(1)
+        else:
+            assert gate.score(1) == pytest.approx(0.9) and not gate.should_draft(1, fresh=0)
+    busy = closed_gate(4)  # four answers share the batch: no trial, the probes' spacing holds
+    assert not busy.should_draft(4, fresh=4)
+
+
 def test_draft_gate_measures_plain_steps_and_runs_control_steps_while_open():
     """The plain side is measured, not only predicted: a cost curve that predicts plain steps 25% slow makes a
     losing draft round look like a win until a plain control step measures the truth."""
