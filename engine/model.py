@@ -139,6 +139,7 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x.float(), w, bias, "none", [], "").to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
+
 def layer_call_args(layers, rows: int, dtype: torch.dtype) -> tuple[list, list[int]] | None:
     """Every layer's parameters and what runs its linears, for the one-call layer loop (decoder_layers in engine/csrc)
     at `rows` tokens. `layers`: (input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down) per layer, norms as

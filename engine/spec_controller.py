@@ -233,6 +233,10 @@ class _Evidence:
             fade * old + new for old, new in zip((self.gain, self.cost, self.full_cost, self.tokens, self.sequences),
                                                  step))
 
+    def goodput(self) -> float:
+        """The drafted steps' goodput over plain steps' (as predicted): the score before the plain bias."""
+        return self.gain / self.cost
+
 
 @dataclass
 class _GateState:
@@ -310,7 +314,7 @@ class DraftGate:
 
     def score(self, num_decoding: int) -> float | None:
         st = self._state(num_decoding)
-        return st.drafted.gain / st.drafted.cost * self.plain_bias(num_decoding) if st.samples else None
+        return st.drafted.goodput() * self.plain_bias(num_decoding) if st.samples else None
 
     def _judge(self, num_decoding: int) -> int:
         """A load whose bucket decides for this one: itself, or, while its bucket has too little evidence of its own,
@@ -407,7 +411,7 @@ class DraftGate:
             st.trial.add(step, 1.0)
             st.trial_left -= 1
             if not st.trial_left and st.trial.cost > 0.0 and (
-                    st.trial.gain / st.trial.cost * self.plain_bias(num_decoding) > 1.0 + self.reopen_margin):
+                    st.trial.goodput() * self.plain_bias(num_decoding) > 1.0 + self.reopen_margin):
                 st.drafted, st.closed = st.trial, False  # the fresh content wins: its evidence replaces the old
                 st.evidence = max(st.evidence, self.min_evidence)
         if not self.is_open(num_decoding):

@@ -1239,7 +1239,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::opti
 // above, or oneDNN's GEMM over its prepacked weight (on x widened to fp32 and the result rounded back, where oneDNN
 // packs no bf16).
 enum LinearKernel : int64_t { kLinearSmall = 0, kLinearSmallQ8 = 1, kLinearBF16 = 2, kOneDNN = 3, kOneDNNWidened = 4 };
-constexpr int64_t kLayerParams = 16;  // per layer in decoder_layers' params, in DecoderLM._layer_call_args' order
+constexpr int64_t kLayerParams = 16;  // per layer in decoder_layers' params, in engine/model.py layer_call_args' order
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   static const auto op = c10::Dispatcher::singleton()
@@ -1264,13 +1264,14 @@ at::Tensor run_linear(const at::Tensor& x, int64_t kind, const c10::optional<at:
   TORCH_CHECK(false, "decoder_layers: linear kind ", kind, " is not built on this CPU");
 }
 
-// DecoderLM.forward's loop over the decoder layers in one call, for a step where every sequence is in the attention
-// kernel's group (decodes and verify segments, no prefill chunk): the same kernels and GEMMs in the same order, so
-// the same bits, without the Python loop's 9 calls a layer through pybind (the GIL taken back after each). The
-// default model's bf16 decode step, passes alternating in one engine (medians of 3): 9.85 -> 9.69 ms at 1 sequence,
-// 11.76 -> 11.29 at 4, 21.9 -> 20.7 at 16 (level in a second A/B), 70.5 -> 65.9 at 64. h [T, d] (the embeddings)
-// becomes the last layer's output in place; the outputs of the layers in tap_layers are copied into
-// taps [T, len(tap_layers) * d] in that order.
+// DecoderLM.forward's loop over the decoder layers in one call (the drafter's block_hidden_paged runs its draft layers
+// through it too, causal=false), for a step where every sequence is in the attention kernel's group (decodes and
+// verify segments, no prefill chunk): the same kernels and GEMMs in the same order, so the same bits, without the
+// Python loop's 9 calls a layer through pybind (the GIL taken back after each). The default model's bf16 decode
+// step, passes alternating in one engine (medians of 3): 9.85 -> 9.69 ms at 1 sequence, 11.76 -> 11.29 at 4,
+// 21.9 -> 20.7 at 16 (level in a second A/B), 70.5 -> 65.9 at 64. h [T, d] (the embeddings) becomes the last layer's
+// output in place; the outputs of the layers in tap_layers are copied into taps [T, len(tap_layers) * d] in that
+// order.
 void decoder_layers(at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                     const at::Tensor& cu_q, const at::Tensor& ctx_len, const at::Tensor& block_tables,
                     const std::vector<c10::optional<at::Tensor>>& params, const std::vector<int64_t>& kinds,
