@@ -199,8 +199,8 @@ class DSparkDrafter(nn.Module):
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
-        # (CPU kernels, W2^T) for the Markov bias at small batch (add_lowrank_ per position, or the whole greedy loop
-        # in one markov_greedy call), set by optimize_for_inference
+        # (CPU kernels, W2^T packed by lowrank_chunks) for the Markov bias at small batch (add_lowrank_ per position,
+        # or the whole greedy loop in one markov_greedy call), set by optimize_for_inference
         self._lowrank = None
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
         self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
@@ -229,14 +229,14 @@ class DSparkDrafter(nn.Module):
         forward fuses them, the engine's fused RMSNorm/argmax/silu where the device has them, and the confidence
         head folded (below). The parameters stay registered under their checkpoint names."""
         from engine.model import Linear
-        from engine.ops import Ops
+        from engine.ops import Ops, lowrank_chunks
 
         ops = Ops(self.device)
         self._argmax = ops.argmax if ops.fused else None
         mh = self.markov_head
         if ops.fused and mh is not None and mh.kind == "vanilla":
             # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
-            self._lowrank = (ops.k, mh.markov_w2.weight.detach().t().contiguous())
+            self._lowrank = (ops.k, lowrank_chunks(mh.markov_w2.weight.detach().t()))
 
         def fused(*lins: nn.Linear) -> Linear:
             bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])

@@ -59,6 +59,14 @@ def _cpu_tag() -> str:
     return hashlib.sha1(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:10]
 
 
+def lowrank_chunks(w2t: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """W2^T [R, V] as the low-rank kernels read it (add_lowrank_, markov_greedy): [ceil(V / chunk), R, chunk], each
+    64-wide slice of the output's weights one contiguous run, the last zero-padded."""
+    R, V = w2t.shape
+    padded = F.pad(w2t, (0, -V % chunk))
+    return padded.view(R, -1, chunk).transpose(0, 1).contiguous()
+
+
 class Ops:
     """Picks an implementation once per engine: `Ops(device)`. Both implementations have the same semantics."""
 

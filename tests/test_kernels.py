@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import build_metadata, paged_attention
-from engine.ops import Ops, cpu_kernels
+from engine.ops import Ops, cpu_kernels, lowrank_chunks
 
 pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="CPU kernels could not be built")
 
@@ -296,20 +296,22 @@ def test_argmax_rows_equals_torch(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_vocab", [False, True])
-def test_markov_greedy_equals_the_step_by_step_loop(dtype, with_vocab):
+@pytest.mark.parametrize("anchors", [[3, 77, 650], [3, 77, 650, 9, 999, 0]])  # one group of rows; a full one and 2
+def test_markov_greedy_equals_the_step_by_step_loop(dtype, with_vocab, anchors):
     """One kernel call for the drafter's greedy Markov loop gives the same tokens, the same conditioning ids and the
     same updated logits as the loop of add_lowrank_ + argmax_rows it replaces (and as a float64 reference)."""
     k = cpu_kernels()
-    G, B, V, R, vocab = 5, 3, 700, 8, 1000
+    G, B, V, R, vocab = 5, len(anchors), 700, 8, 1000
     gen = torch.Generator().manual_seed(0)
     u = torch.randn(G, B, V, generator=gen)
     w1 = (torch.randn(vocab, R, generator=gen) * 0.5).to(dtype)
     w2t = (torch.randn(R, V, generator=gen) * 0.5).to(dtype)
     draft_vocab = torch.randperm(vocab, generator=gen)[:V] if with_vocab else torch.empty(0, dtype=torch.long)
-    anchors = torch.tensor([3, 77, 650])
+    anchors = torch.tensor(anchors)
+    w2c = lowrank_chunks(w2t)  # 700 = 10 chunks of 64 and a padded tail of 60
     loop_u, prev, toks, prevs = u.clone(), anchors.clone(), [], []
     for j in range(G):
-        k.add_lowrank_(loop_u[j], w1[prev].contiguous(), w2t)
+        k.add_lowrank_(loop_u[j], w1[prev].contiguous(), w2c)
         nxt = k.argmax_rows(loop_u[j])
         toks.append(nxt)
         prevs.append(prev)
@@ -317,7 +319,7 @@ def test_markov_greedy_equals_the_step_by_step_loop(dtype, with_vocab):
         assert torch.equal(nxt, ref)
         prev = draft_vocab[nxt] if with_vocab else nxt
     fused_u = u.clone()
-    local, prev_all = k.markov_greedy(fused_u, w1, w2t, anchors, draft_vocab)
+    local, prev_all = k.markov_greedy(fused_u, w1, w2c, anchors, draft_vocab)
     assert torch.equal(local, torch.stack(toks, 1)) and torch.equal(prev_all, torch.stack(prevs, 1))
     assert torch.equal(fused_u, loop_u)
 

@@ -76,22 +76,44 @@ _Pragma("omp simd")
   }
 }
 
-// acc[0..n) = e @ w2t[:, v0 : v0 + n) for one row e [R] (w = w2t + v0, row stride V), accumulated over r in order:
-// each 64-wide slice of the output stays in registers while the R rows of w2t stream past.
+// acc[i][0..64) = e_i @ w for up to kLowrankRows rows e_i [R] and one chunk w [R, 64] of W2^T packed by
+// engine.ops.lowrank_chunks, accumulated over r in order: the rows' 64-wide output slices stay in registers while the
+// chunk's 8 KB (bf16) stream past in one contiguous run, each weight converted once for all the rows. (Read from the
+// plain [R, V] layout, a row at a time, the whole Markov loop (markov_greedy) took 1.5x as long at batch 1, 2x at 4.)
 constexpr int64_t kLowrankChunk = 64;
-template <typename T>
-inline void lowrank_chunk(const T* e, const T* w, int64_t R, int64_t V, int64_t n, float* acc) {
-  for (int64_t j = 0; j < kLowrankChunk; ++j) acc[j] = 0.0f;
+constexpr int64_t kLowrankRows = 4;
+template <typename T, int64_t NB>
+inline void lowrank_chunk(const T* const* e, const T* w, int64_t R, float (*acc)[kLowrankChunk]) {
+  for (int64_t i = 0; i < NB; ++i)
+    for (int64_t j = 0; j < kLowrankChunk; ++j) acc[i][j] = 0.0f;
   for (int64_t r = 0; r < R; ++r) {
-    const float er = static_cast<float>(ld(e[r]));
-    const T* row = w + r * V;
-    if (n == kLowrankChunk) {
+    const T* row = w + r * kLowrankChunk;
+    float wr[kLowrankChunk];
+    _Pragma("omp simd")
+    for (int64_t j = 0; j < kLowrankChunk; ++j) wr[j] = static_cast<float>(ld(row[j]));
+    for (int64_t i = 0; i < NB; ++i) {
+      const float er = static_cast<float>(ld(e[i][r]));
       _Pragma("omp simd")
-      for (int64_t j = 0; j < kLowrankChunk; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
-    } else {
-      for (int64_t j = 0; j < n; ++j) acc[j] += er * static_cast<float>(ld(row[j]));
+      for (int64_t j = 0; j < kLowrankChunk; ++j) acc[i][j] += er * wr[j];
     }
   }
+}
+
+// The same for nb (1 to kLowrankRows) rows, picked at run time.
+template <typename T>
+inline void lowrank_chunk_rows(const T* const* e, int64_t nb, const T* w, int64_t R, float (*acc)[kLowrankChunk]) {
+  switch (nb) {
+    case 1: return lowrank_chunk<T, 1>(e, w, R, acc);
+    case 2: return lowrank_chunk<T, 2>(e, w, R, acc);
+    case 3: return lowrank_chunk<T, 3>(e, w, R, acc);
+    default: return lowrank_chunk<T, kLowrankRows>(e, w, R, acc);
+  }
+}
+
+inline void check_lowrank_chunks(const at::Tensor& w2c, int64_t R, int64_t V) {
+  TORCH_CHECK(w2c.is_contiguous() && w2c.dim() == 3 && w2c.size(1) == R && w2c.size(2) == kLowrankChunk &&
+                  w2c.size(0) == (V + kLowrankChunk - 1) / kLowrankChunk,
+              "w2c must be W2^T packed by engine.ops.lowrank_chunks: [ceil(V / 64), R, 64]");
 }
 
 // Rotate-half rope of one head x [2 * half] into dst: the first half with (c_lo, s_lo), the second with (c_hi, s_hi)
@@ -764,52 +786,55 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   return out;
 }
 
-// u[b] += e[b] @ w2t for the drafter's Markov head: u [B, V] float32 logits (updated in place), e [B, R] and
-// w2t [R, V] in the model dtype. A low-rank [1, R] x [R, V] product per draft position is a poor fit for a GEMM
-// library at batch 1 (lowrank_chunk above).
-void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2t) {
+// u[b] += e[b] @ W2^T for the drafter's Markov head: u [B, V] float32 logits (updated in place), e [B, R] and
+// w2c (W2^T [R, V] packed by engine.ops.lowrank_chunks) in the model dtype. A low-rank [1, R] x [R, V] product per
+// draft position is a poor fit for a GEMM library at batch 1. A work item is one chunk for up to 4 rows.
+void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2c) {
   check_rows(u, "u");
   check_rows(e, "e");
-  check_rows(w2t, "w2t");
   TORCH_CHECK(u.scalar_type() == at::kFloat, "u must be float32");
   const int64_t B = u.size(0), V = u.size(1), R = e.size(1);
-  TORCH_CHECK(w2t.size(0) == R && w2t.size(1) == V, "w2t must be [R, V]");
+  check_lowrank_chunks(w2c, R, V);
   constexpr int64_t kChunk = kLowrankChunk;
   float* up = u.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.scalar_type(), "add_lowrank_", [&] {
     const scalar_t* ep = e.data_ptr<scalar_t>();
-    const scalar_t* wp = w2t.data_ptr<scalar_t>();
-    const int64_t chunks = (V + kChunk - 1) / kChunk;
-    at::parallel_for(0, B * chunks, 16, [&](int64_t begin, int64_t end) {
+    const scalar_t* wp = w2c.data_ptr<scalar_t>();
+    const int64_t groups = (B + kLowrankRows - 1) / kLowrankRows;
+    at::parallel_for(0, w2c.size(0) * groups, 4, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
-        const int64_t b = w / chunks, v0 = (w % chunks) * kChunk, n = std::min(kChunk, V - v0);
-        float acc[kLowrankChunk];
-        lowrank_chunk(ep + b * R, wp + v0, R, V, n, acc);
-        float* out = up + b * V + v0;
-        for (int64_t j = 0; j < n; ++j) out[j] += acc[j];
+        const int64_t c = w / groups, b0 = (w % groups) * kLowrankRows, nb = std::min(kLowrankRows, B - b0);
+        const int64_t v0 = c * kChunk, n = std::min(kChunk, V - v0);
+        const scalar_t* rows[kLowrankRows];
+        for (int64_t i = 0; i < nb; ++i) rows[i] = ep + (b0 + i) * R;
+        float acc[kLowrankRows][kLowrankChunk];
+        lowrank_chunk_rows(rows, nb, wp + c * R * kChunk, R, acc);
+        for (int64_t i = 0; i < nb; ++i) {
+          float* out = up + (b0 + i) * V + v0;
+          for (int64_t j = 0; j < n; ++j) out[j] += acc[i][j];
+        }
       }
     });
   });
 }
 
 // Greedy left-to-right Markov decoding of the drafter's blocks at small batch (DSparkDrafter.decode): for block
-// position k = 0..G-1 and every sequence b, u[k, b] += W1[prev_b] @ w2t (in place, the arithmetic of add_lowrank_),
+// position k = 0..G-1 and every sequence b, u[k, b] += W1[prev_b] @ W2^T (in place, the arithmetic of add_lowrank_),
 // x = argmax u[k, b] (the first index of the maximum, as argmax_rows), prev_b = draft_vocab[x]. One call in place of
-// about ten small ops per position. u [G, B, V] float32; w1 [vocab, R] and w2t [R, V] in the model dtype; anchors [B]
-// int64 target ids (prev at k = 0); draft_vocab [V] int64 (empty: the identity). Returns (x [B, G] draft indices,
-// prev [B, G] the target id each position was conditioned on).
-std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor& w1, const at::Tensor& w2t,
+// about ten small ops per position. u [G, B, V] float32; w1 [vocab, R] and w2c (lowrank_chunks) in the model dtype;
+// anchors [B] int64 target ids (prev at k = 0); draft_vocab [V] int64 (empty: the identity). Returns (x [B, G] draft
+// indices, prev [B, G] the target id each position was conditioned on).
+std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor& w1, const at::Tensor& w2c,
                                                   const at::Tensor& anchors, const at::Tensor& draft_vocab) {
   check_rows(u, "u");
   check_rows(w1, "w1");
-  check_rows(w2t, "w2t");
   check_rows(anchors, "anchors");
   TORCH_CHECK(u.scalar_type() == at::kFloat && u.dim() == 3, "u must be float32 [G, B, V]");
   const int64_t G = u.size(0), B = u.size(1), V = u.size(2), R = w1.size(1);
-  TORCH_CHECK(w2t.size(0) == R && w2t.size(1) == V, "w2t must be [R, V]");
+  check_lowrank_chunks(w2c, R, V);
   TORCH_CHECK(draft_vocab.numel() == 0 || draft_vocab.numel() == V, "draft_vocab must be empty or [V]");
   constexpr int64_t kChunk = kLowrankChunk;
-  const int64_t chunks = (V + kChunk - 1) / kChunk;
+  const int64_t chunks = w2c.size(0), groups = (B + kLowrankRows - 1) / kLowrankRows;
   auto local = at::empty({B, G}, anchors.options());
   auto prev_all = at::empty({B, G}, anchors.options());
   int64_t* lp = local.data_ptr<int64_t>();
@@ -821,23 +846,31 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
   float* up = u.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w1.scalar_type(), "markov_greedy", [&] {
     const scalar_t* w1p = w1.data_ptr<scalar_t>();
-    const scalar_t* wp = w2t.data_ptr<scalar_t>();
+    const scalar_t* wp = w2c.data_ptr<scalar_t>();
     for (int64_t k = 0; k < G; ++k) {
       float* uk = up + k * B * V;
-      at::parallel_for(0, B * chunks, 16, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, chunks * groups, 4, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
-          const int64_t b = w / chunks, v0 = (w % chunks) * kChunk, n = std::min(kChunk, V - v0);
-          float acc[kLowrankChunk];
-          lowrank_chunk(w1p + prev[b] * R, wp + v0, R, V, n, acc);
-          float* out = uk + b * V + v0;
-          float m = -std::numeric_limits<float>::infinity();
-          int64_t idx = -1;
-          for (int64_t j = 0; j < n; ++j) {
-            out[j] += acc[j];
-            if (out[j] > m) m = out[j], idx = j;  // strict: the first index of the maximum
+          const int64_t c = w / groups, b0 = (w % groups) * kLowrankRows, nb = std::min(kLowrankRows, B - b0);
+          const int64_t v0 = c * kChunk, n = std::min(kChunk, V - v0);
+          const scalar_t* rows[kLowrankRows];
+          for (int64_t i = 0; i < nb; ++i) rows[i] = w1p + prev[b0 + i] * R;
+          float acc[kLowrankRows][kLowrankChunk];
+          lowrank_chunk_rows(rows, nb, wp + c * R * kChunk, R, acc);
+          for (int64_t i = 0; i < nb; ++i) {
+            float* out = uk + (b0 + i) * V + v0;
+            float m = -std::numeric_limits<float>::infinity();
+            _Pragma("omp simd reduction(max : m)")
+            for (int64_t j = 0; j < n; ++j) {
+              out[j] += acc[i][j];
+              m = std::max(m, out[j]);  // NaN never wins: std::max keeps m
+            }
+            int64_t idx = 0;
+            while (idx < n && out[idx] != m) ++idx;  // the first index of the maximum
+            const int64_t b = b0 + i;
+            cmax[b * chunks + c] = m;
+            cidx[b * chunks + c] = m == -std::numeric_limits<float>::infinity() ? -1 : v0 + idx;  // as a strict >
           }
-          cmax[w] = m;
-          cidx[w] = idx < 0 ? -1 : v0 + idx;
         }
       });
       for (int64_t b = 0; b < B; ++b) {
