@@ -245,6 +245,15 @@ def test_draft_gate_starts_a_load_above_a_losing_one_closed():
         winning.record(16, emitted=40, seconds=0.030, plain_seconds=0.020)
     assert winning.is_open(16) and winning.is_open(40)  # above an open bucket: explore
 
+    # Spaced by the bucket below, but a probe costs what it costs at this load: one sequence lost 10% (a probe every
+    # 33 steps), while a probe of 4 sequences, its contexts caught up, took 3 plain steps' time for one step's tokens.
+    mild = DraftGate()
+    for _ in range(64):
+        mild.record(1, emitted=1.5, seconds=0.020, plain_seconds=0.012)
+    assert not mild.is_open(1) and mild.steps_until_probe(4) == mild.steps_until_probe(1) == 33
+    mild.record(4, emitted=4, seconds=0.036, plain_seconds=0.012, catch_up_seconds=0.012)
+    assert not mild.is_open(4) and mild.steps_until_probe(4) == 400  # 2 plain steps lost / 0.5%
+
 
 def test_draft_gate_weighs_a_step_by_its_sequences():
     """One sequence's step says little (it emits 1 to gamma + 1 tokens): a lucky probe does not reopen a bucket that
