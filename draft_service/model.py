@@ -235,7 +235,7 @@ class DSparkDrafter(nn.Module):
         self._argmax = ops.argmax if ops.fused else None
         mh = self.markov_head
         if ops.fused and mh is not None and mh.kind == "vanilla":
-            # Markov bias at small batch through the fused low-rank kernel: W2 transposed to [r, V], once.
+            # Markov bias at small batch through the fused low-rank kernels: W2^T packed in chunks, once.
             self._lowrank = (ops.k, lowrank_chunks(mh.markov_w2.weight.detach().t()))
 
         def fused(*lins: nn.Linear) -> Linear:

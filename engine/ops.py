@@ -59,12 +59,11 @@ def _cpu_tag() -> str:
     return hashlib.sha1(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:10]
 
 
-def lowrank_chunks(w2t: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """W2^T [R, V] as the low-rank kernels read it (add_lowrank_, markov_greedy): [ceil(V / chunk), R, chunk], each
-    64-wide slice of the output's weights one contiguous run, the last zero-padded."""
+def lowrank_chunks(w2t: torch.Tensor) -> torch.Tensor:
+    """W2^T [R, V] as the low-rank kernels read it (add_lowrank_, markov_greedy): [ceil(V / 64), R, 64], each
+    64-wide slice of the output's weights one contiguous run, the last zero-padded (64: kLowrankChunk in csrc)."""
     R, V = w2t.shape
-    padded = F.pad(w2t, (0, -V % chunk))
-    return padded.view(R, -1, chunk).transpose(0, 1).contiguous()
+    return F.pad(w2t, (0, -V % 64)).view(R, -1, 64).transpose(0, 1).contiguous()
 
 
 class Ops:

@@ -99,15 +99,29 @@ inline void lowrank_chunk(const T* const* e, const T* w, int64_t R, float (*acc)
   }
 }
 
-// The same for nb (1 to kLowrankRows) rows, picked at run time.
-template <typename T>
-inline void lowrank_chunk_rows(const T* const* e, int64_t nb, const T* w, int64_t R, float (*acc)[kLowrankChunk]) {
-  switch (nb) {
-    case 1: return lowrank_chunk<T, 1>(e, w, R, acc);
-    case 2: return lowrank_chunk<T, 2>(e, w, R, acc);
-    case 3: return lowrank_chunk<T, 3>(e, w, R, acc);
-    default: return lowrank_chunk<T, kLowrankRows>(e, w, R, acc);
+// The low-rank kernels' work items: each chunk of W2^T for each group of up to kLowrankRows rows of a batch of B.
+inline int64_t lowrank_groups(int64_t B) { return (B + kLowrankRows - 1) / kLowrankRows; }
+
+// Work item w in [0, chunks * lowrank_groups(B)): chunk c of W2^T (packed) for the rows b0 .. b0 + nb, row(b) giving
+// e_b [R]; acc[i] gets row b0 + i's slice.
+struct LowrankItem {
+  int64_t c, b0, nb;
+};
+template <typename T, typename Row>
+inline LowrankItem lowrank_item(int64_t w, int64_t B, int64_t R, const T* w2c, Row row, float (*acc)[kLowrankChunk]) {
+  const int64_t groups = lowrank_groups(B);
+  LowrankItem it{w / groups, (w % groups) * kLowrankRows, 0};
+  it.nb = std::min(kLowrankRows, B - it.b0);
+  const T* e[kLowrankRows];
+  for (int64_t i = 0; i < it.nb; ++i) e[i] = row(it.b0 + i);
+  const T* chunk = w2c + it.c * R * kLowrankChunk;
+  switch (it.nb) {
+    case 1: lowrank_chunk<T, 1>(e, chunk, R, acc); break;
+    case 2: lowrank_chunk<T, 2>(e, chunk, R, acc); break;
+    case 3: lowrank_chunk<T, 3>(e, chunk, R, acc); break;
+    default: lowrank_chunk<T, kLowrankRows>(e, chunk, R, acc);
   }
+  return it;
 }
 
 inline void check_lowrank_chunks(const at::Tensor& w2c, int64_t R, int64_t V) {
@@ -800,17 +814,13 @@ void add_lowrank_(at::Tensor& u, const at::Tensor& e, const at::Tensor& w2c) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.scalar_type(), "add_lowrank_", [&] {
     const scalar_t* ep = e.data_ptr<scalar_t>();
     const scalar_t* wp = w2c.data_ptr<scalar_t>();
-    const int64_t groups = (B + kLowrankRows - 1) / kLowrankRows;
-    at::parallel_for(0, w2c.size(0) * groups, 4, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, w2c.size(0) * lowrank_groups(B), 4, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
-        const int64_t c = w / groups, b0 = (w % groups) * kLowrankRows, nb = std::min(kLowrankRows, B - b0);
-        const int64_t v0 = c * kChunk, n = std::min(kChunk, V - v0);
-        const scalar_t* rows[kLowrankRows];
-        for (int64_t i = 0; i < nb; ++i) rows[i] = ep + (b0 + i) * R;
         float acc[kLowrankRows][kLowrankChunk];
-        lowrank_chunk_rows(rows, nb, wp + c * R * kChunk, R, acc);
-        for (int64_t i = 0; i < nb; ++i) {
-          float* out = up + (b0 + i) * V + v0;
+        const auto it = lowrank_item(w, B, R, wp, [&](int64_t b) { return ep + b * R; }, acc);
+        const int64_t v0 = it.c * kChunk, n = std::min(kChunk, V - v0);
+        for (int64_t i = 0; i < it.nb; ++i) {
+          float* out = up + (it.b0 + i) * V + v0;
           for (int64_t j = 0; j < n; ++j) out[j] += acc[i][j];
         }
       }
@@ -834,7 +844,7 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
   check_lowrank_chunks(w2c, R, V);
   TORCH_CHECK(draft_vocab.numel() == 0 || draft_vocab.numel() == V, "draft_vocab must be empty or [V]");
   constexpr int64_t kChunk = kLowrankChunk;
-  const int64_t chunks = w2c.size(0), groups = (B + kLowrankRows - 1) / kLowrankRows;
+  const int64_t chunks = w2c.size(0);
   auto local = at::empty({B, G}, anchors.options());
   auto prev_all = at::empty({B, G}, anchors.options());
   int64_t* lp = local.data_ptr<int64_t>();
@@ -849,16 +859,13 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
     const scalar_t* wp = w2c.data_ptr<scalar_t>();
     for (int64_t k = 0; k < G; ++k) {
       float* uk = up + k * B * V;
-      at::parallel_for(0, chunks * groups, 4, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, chunks * lowrank_groups(B), 4, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
-          const int64_t c = w / groups, b0 = (w % groups) * kLowrankRows, nb = std::min(kLowrankRows, B - b0);
-          const int64_t v0 = c * kChunk, n = std::min(kChunk, V - v0);
-          const scalar_t* rows[kLowrankRows];
-          for (int64_t i = 0; i < nb; ++i) rows[i] = w1p + prev[b0 + i] * R;
           float acc[kLowrankRows][kLowrankChunk];
-          lowrank_chunk_rows(rows, nb, wp + c * R * kChunk, R, acc);
-          for (int64_t i = 0; i < nb; ++i) {
-            float* out = uk + (b0 + i) * V + v0;
+          const auto it = lowrank_item(w, B, R, wp, [&](int64_t b) { return w1p + prev[b] * R; }, acc);
+          const int64_t c = it.c, v0 = c * kChunk, n = std::min(kChunk, V - v0);
+          for (int64_t i = 0; i < it.nb; ++i) {
+            float* out = uk + (it.b0 + i) * V + v0;
             float m = -std::numeric_limits<float>::infinity();
             _Pragma("omp simd reduction(max : m)")
             for (int64_t j = 0; j < n; ++j) {
@@ -867,7 +874,7 @@ std::tuple<at::Tensor, at::Tensor> markov_greedy(at::Tensor& u, const at::Tensor
             }
             int64_t idx = 0;
             while (idx < n && out[idx] != m) ++idx;  // the first index of the maximum
-            const int64_t b = b0 + i;
+            const int64_t b = it.b0 + i;
             cmax[b * chunks + c] = m;
             cidx[b * chunks + c] = m == -std::numeric_limits<float>::infinity() ? -1 : v0 + idx;  // as a strict >
           }
