@@ -18,7 +18,7 @@ Checks (each bounded in requests and time; traffic only to loopback):
 
     .venv/bin/python bench/reliability.py                     # all three, then the table and the JSON
     .venv/bin/python bench/reliability.py --only faults,fuzz --fuzz-examples 300
-Writes bench/results/reliability.json. The tests in tests/test_reliability_*.py run the same checks (smaller where
+Writes bench/results/reliability.json. The tests in tests/deployments/test_reliability_*.py run the same checks (smaller where
 needed) through the helpers below.
 """
 from __future__ import annotations
@@ -501,8 +501,8 @@ def tiny_models(folder: Path, vocab_size: int | None = 512, max_positions: int =
     """A tiny random Llama with the default model's tokenizer files, and a tiny random DSpark drafter for it.
     vocab_size 512 (fault checks): draft rounds stay cheap; prompts are token ids below 512 (text would tokenize
     past the vocabulary). None: the tokenizer's whole vocabulary (text prompts and chat work; the fuzz app)."""
-    from tests.conftest import make_tiny_model
-    from tests.test_serve_async_engine import make_tiny_drafter
+    from tests.helpers import make_tiny_model
+    from tests.helpers import make_tiny_drafter
     from transformers import AutoTokenizer
 
     from engine.loader import resolve_model

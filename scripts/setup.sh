@@ -10,13 +10,13 @@ PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0
 if [ "${1:-}" = "--test" ]; then
   $PIP install -e ".[test]"
-  # A Prometheus server for tests/test_prometheus.py (the Debian/Ubuntu package; CI runs as root).
+  # A Prometheus server for tests/deployments/test_prometheus.py (the Debian/Ubuntu package; CI runs as root).
   if ! command -v prometheus >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
       || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null; } \
-      || echo "setup.sh: could not install prometheus; tests/test_prometheus.py will be skipped" >&2
+      || echo "setup.sh: could not install prometheus; tests/deployments/test_prometheus.py will be skipped" >&2
   fi
 else
   $PIP install -e .

@@ -14,7 +14,7 @@ from draft_service.data import Cache, generate_cache
 from draft_service.train import (LOSS_WEIGHTS, TrainConfig, block_losses, build_drafter, forward_blocks,
                                  local_index, make_batch, train)
 from engine import EngineConfig, LLMEngine
-from tests.conftest import make_tiny_model
+from tests.helpers import make_tiny_model
 
 TAPS = [0, 2]
 

@@ -372,7 +372,7 @@ def test_decoder_layers_in_one_call_give_the_python_loops_bits(family, dtype, tm
     from engine import LLMEngine, SamplingParams
     from engine.config import EngineConfig
     from engine.scheduler import ScheduledSeq
-    from tests.conftest import make_tiny_model
+    from tests.helpers import make_tiny_model
 
     folder = make_tiny_model(family, tmp_path / family, default_tokenizer, vocab_size=300)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype=str(dtype).removeprefix("torch."), device="cpu",

@@ -10,23 +10,11 @@ import psutil
 import pytest
 import torch
 
-from draft_service.config import DSparkConfig
-from draft_service.model import DSparkDrafter
 from engine import EngineConfig, LLMEngine, QueueFullError, SamplingParams
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
-from tests.conftest import make_tiny_model
+from tests.helpers import make_tiny_drafter, make_tiny_model
 
 LONG = SamplingParams(max_tokens=900, ignore_eos=True)
-
-
-def make_tiny_drafter(folder, vocab_size: int, taps=(0, 2)):
-    cfg = DSparkConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                       block_size=4, target_layer_ids=list(taps), mask_token_id=0, markov_rank=8,
-                       markov_head_type="vanilla", enable_confidence_head=True, confidence_head_with_markov=True)
-    torch.manual_seed(0)
-    DSparkDrafter(cfg).init_weights().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

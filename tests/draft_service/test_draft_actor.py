@@ -12,8 +12,8 @@ import torch
 from draft_service.actor import (DraftServiceProxy, draft_context_tokens, load_target_head,
                                  start_draft_actor)
 from engine import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import make_tiny_model
-from tests.test_serve_async_engine import make_tiny_drafter
+from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_drafter
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

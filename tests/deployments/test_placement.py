@@ -16,8 +16,8 @@ import pytest
 
 from deployments.config import DeploymentOptions, DraftActorOptions, LLMServingConfig
 from engine import EngineConfig
-from tests.conftest import make_tiny_model
-from tests.test_serve_async_engine import make_tiny_drafter
+from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_drafter
 
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")

@@ -9,7 +9,7 @@ import torch
 from engine import LLM, LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.loader import ModelNotFoundError
-from tests.conftest import hf_greedy, make_tiny_model
+from tests.helpers import hf_greedy, make_tiny_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 

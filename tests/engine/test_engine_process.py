@@ -13,8 +13,9 @@ import pytest
 from engine import EngineConfig, LLMEngine, QueueFullError, SamplingParams
 from engine.async_engine import EngineDeadError, RequestAbortedError
 from engine.engine_process import EngineProcess
-from tests.conftest import make_tiny_model
-from tests.test_serve_async_engine import LONG, make_tiny_drafter, reference
+from tests.helpers import make_tiny_model
+from tests.engine.test_async_engine import LONG, reference
+from tests.helpers import make_tiny_drafter
 
 
 @pytest.fixture(scope="module")

@@ -53,8 +53,8 @@ def app(tmp_path_factory, default_tokenizer):
     from deployments.app import build_app
     from deployments.config import LLMServingConfig
     from engine import EngineConfig
-    from tests.conftest import make_tiny_model
-    from tests.test_serve_async_engine import make_tiny_drafter
+    from tests.helpers import make_tiny_model
+    from tests.helpers import make_tiny_drafter
 
     if PROMETHEUS is None:
         pytest.skip("no prometheus binary (apt-get install -y prometheus; scripts/setup.sh --test installs it)")

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import make_tiny_model
-from tests.test_serve_async_engine import make_tiny_drafter
+from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_drafter
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow

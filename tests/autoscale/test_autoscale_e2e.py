@@ -59,7 +59,7 @@ def app(tmp_path_factory, default_tokenizer):
     from deployments.app import build_app
     from deployments.config import DeploymentOptions, LLMServingConfig
     from engine import EngineConfig
-    from tests.conftest import make_tiny_model
+    from tests.helpers import make_tiny_model
 
     target = make_tiny_model("llama", tmp_path_factory.mktemp("autoscale") / "target", default_tokenizer)
     autoscaling = {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1,

@@ -19,8 +19,8 @@ import pytest
 
 from deployments.config import LLMServingConfig, RequestLimits
 from engine import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import make_tiny_model
-from tests.test_serve_async_engine import make_tiny_drafter
+from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_drafter
 
 httpx = pytest.importorskip("httpx")
 ray = pytest.importorskip("ray")

@@ -122,8 +122,8 @@ def server(tmp_path_factory, default_tokenizer):
     from deployments.app import build_app
     from deployments.config import LLMServingConfig
     from engine import EngineConfig
-    from tests.conftest import make_tiny_model
-    from tests.test_serve_async_engine import make_tiny_drafter
+    from tests.helpers import make_tiny_model
+    from tests.helpers import make_tiny_drafter
 
     folder = tmp_path_factory.mktemp("metrics")
     target = make_tiny_model("llama", folder / "target", default_tokenizer)

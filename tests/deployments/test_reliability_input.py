@@ -5,12 +5,12 @@
 - schemathesis fuzzes every operation from that document, a few hundred generated requests (positive and negative,
   derandomized so CI sends the same ones every run): no 5xx, every error a JSON body in OpenAI's shape with the
   documented statuses and content types, schema-invalid requests rejected.
-- By hand (beyond tests/test_serve.py's BAD list): invalid UTF-8, a 10 MB body (declared and chunked), deeply nested
+- By hand (beyond tests/deployments/test_serve.py's BAD list): invalid UTF-8, a 10 MB body (declared and chunked), deeply nested
   JSON, lone surrogates, prompts of 0, 1 and max-context tokens, max_tokens of 0, 1 and 10^9, a 1000-string stop
   list, NaN and infinite temperatures, negative seeds, unknown fields, n beyond its limit, a top_k past int64: each
   gets a clear 4xx or a correct answer (greedy answers equal the in-process engine), and the server keeps serving.
 - Rate limit (LLMServingConfig.rate_limit): the token buckets and client keys here; over HTTP in
-  tests/test_reliability_faults.py.
+  tests/deployments/test_reliability_faults.py.
 
 One module-scoped Ray cluster with one app of a tiny random model (the default model's tokenizer, float64,
 adaptive speculation with a tiny drafter in the draft actor) and tight limits.

@@ -16,7 +16,7 @@ from draft_service.train import TrainConfig, train
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine import rejection_sampler
 from engine.spec_controller import Curve, DraftGate, StepCostModel
-from tests.conftest import make_tiny_model
+from tests.helpers import make_tiny_model
 
 TAPS = [0, 2]
 
