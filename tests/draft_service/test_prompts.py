@@ -1,12 +1,24 @@
 """The committed prompt sets in data/prompts: schema, sizes, split hygiene and exact reproducibility."""
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
-from draft_service.prompts import (HARD_CATEGORIES, SIZES, SPLITS, TRAIN_CATEGORIES, build_prompts, data_dir,
-                                   load_prompts, write_prompts)
+from draft_service.prompts import SPLITS, data_dir, load_prompts
+
+GENERATOR = Path(__file__).resolve().parents[2] / "scripts" / "make_prompts.py"
+
+
+@pytest.fixture(scope="module")
+def make_prompts():
+    """The generator script, imported from its path (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_prompts", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +27,8 @@ def committed() -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def generated() -> list[dict]:
-    return build_prompts()
+def generated(make_prompts) -> list[dict]:
+    return make_prompts.build_prompts()
 
 
 def _user_texts(records: list[dict]) -> set[str]:
@@ -51,8 +63,8 @@ def test_schema(committed):
                 assert "{" not in m["content"] or "```" in m["content"] or split == "hard", m["content"]
 
 
-def test_sizes_within_ten_percent(committed):
-    for split, target in SIZES.items():
+def test_sizes_within_ten_percent(committed, make_prompts):
+    for split, target in make_prompts.SIZES.items():
         assert abs(len(committed[split]) - target) <= 0.1 * target, (split, len(committed[split]))
 
 
@@ -63,7 +75,8 @@ def test_system_messages_are_a_varied_minority(committed):
     assert len(set(systems)) >= 20
 
 
-def test_every_category_present(committed):
+def test_every_category_present(committed, make_prompts):
+    TRAIN_CATEGORIES, HARD_CATEGORIES = make_prompts.TRAIN_CATEGORIES, make_prompts.HARD_CATEGORIES
     for split in ("train", "heldout"):
         cats = {rec["category"] for rec in committed[split]}
         assert cats == set(TRAIN_CATEGORIES), (split, cats ^ set(TRAIN_CATEGORIES))
@@ -87,16 +100,20 @@ def test_no_prompt_shared_between_splits(committed):
 def test_regeneration_reproduces_committed_files(committed, generated):
     for split in SPLITS:
         regen = [{k: rec[k] for k in ("id", "category", "messages")} for rec in generated if rec["split"] == split]
-        assert regen == committed[split], f"{split}.jsonl is stale: run .venv/bin/python -m draft_service.prompts"
+        assert regen == committed[split], f"{split}.jsonl is stale: run python scripts/make_prompts.py"
 
 
-def test_written_files_are_byte_identical(tmp_path, generated):
-    paths = write_prompts(generated, tmp_path)
+def test_generator_writes_the_splits_that_load_prompts_reads(make_prompts):
+    assert make_prompts.SPLITS == SPLITS
+
+
+def test_written_files_are_byte_identical(tmp_path, generated, make_prompts):
+    paths = make_prompts.write_prompts(generated, tmp_path)
     for split, path in paths.items():
         assert path.read_bytes() == (data_dir() / f"{split}.jsonl").read_bytes(), split
 
 
-def test_other_seed_differs():
-    other = build_prompts(seed=1)
-    assert len(other) == sum(SIZES.values())
+def test_other_seed_differs(make_prompts):
+    other = make_prompts.build_prompts(seed=1)
+    assert len(other) == sum(make_prompts.SIZES.values())
     assert _user_texts(other) != _user_texts(load_prompts("train") + load_prompts("heldout") + load_prompts("hard"))
