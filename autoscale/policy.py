@@ -76,11 +76,11 @@ class LoadSignals:
 @dataclass(frozen=True)
 class PolicyParams:
     """Thresholds on the replica means (occupancy: see `load`). The defaults come from the fleet simulator with its
-    assumed profile (bench/autoscale_sim.py): there a replica's occupancy rises steeply near its capacity (0.26 at
-    63% of the requests/s it can take, 0.38 at 75%, 0.55 at 88%, 1.0 at 100%), and speculation starts being
-    squeezed out from ~80% (spec_squeezed 0.1). So: scale up at ~88% (squeezed 0.12 and occupancy 0.5), by
-    occupancy / 0.45 (about 1.2x there, which leaves ~72%: occupancy is not linear in load), and scale down when one
-    replica fewer would stay under 0.3 (~66%). Re-tune with measured profiles (bench/autoscale_sim.py --profile)."""
+    assumed profile (bench/autoscale_sim.py): there a replica's occupancy rises steeply near its capacity, and
+    speculation starts being squeezed out somewhat before it. So: scale up when speculation is being squeezed out at
+    a high occupancy, to target_occupancy (a fleet with headroom: occupancy is not linear in load), and scale down
+    when one replica fewer would stay well under it. Re-tune with measured profiles
+    (bench/autoscale_sim.py --profile)."""
 
     # Scale up when one of these holds for upscale_delay_s.
     queue_up: float = 4.0  # mean requests waiting per replica (unless the queue drains within drain_horizon_s)

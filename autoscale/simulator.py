@@ -42,9 +42,11 @@ import numpy as np
 
 from autoscale.policy import LoadSignals, PolicyParams, PolicyState, decide, signals_from_metrics
 from autoscale.trace import Trace
-from engine.spec_controller import (Candidate, Curve, DraftGate, StepCostModel,
-                                    choose_verify_lengths, survival)
+from engine.acceptance import survival
+from engine.draft_gate import DraftGate
 from engine.spec_mode import parse_speculation
+from engine.step_cost import Curve, StepCostModel
+from engine.verify_length import Candidate, choose_verify_lengths
 
 # ASSUMED, not measured: an H100 serving a ~4B model in bf16 (forward ~12 ms at 1 token, ~35 ms at 512, then
 # compute-bound), a DSpark draft round of 2-4 ms, and a drafter accepting 0.8 .. 0.45 per position (conditional on

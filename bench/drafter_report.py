@@ -75,7 +75,7 @@ def draft_costs(engine, service, batch: int, width: int, dtype, reps: int = 21) 
     step (which streams the target's weights through the cache) and first appends the one new token of every context
     that a step of plain decoding adds. Contexts hold 160 tokens. Every shape runs before timing (oneDNN builds a kernel
     per new shape)."""
-    from draft_service.service import ContextSync, DraftWork
+    from engine.drafter import ContextSync, DraftWork
 
     keys = [f"b{i}" for i in range(batch)]
     service.step([ContextSync(k, 0, torch.randn(160, width, dtype=dtype)) for k in keys], [])

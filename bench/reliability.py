@@ -31,9 +31,7 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,77 +41,14 @@ RESULTS = ROOT / "bench" / "results"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from deployments.launch import App, local_serve, run_app  # noqa: E402  (the cluster and the apps; after sys.path)
+
 LEAK_GAUGES = ("dspark:kv_blocks_used", "dspark:draft_contexts_live", "dspark:num_requests_waiting",
                "dspark:num_requests_running")
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
-# ----- cluster and apps ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_cluster(num_cpus: int = 8, object_store_mb: int = 200) -> int:
-    """A local Ray (auth off, capped object store) and Serve's proxy on a free loopback port; returns the port."""
-    import ray
-    from ray import serve
-
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=num_cpus, object_store_memory=object_store_mb * 2**20, include_dashboard=False,
-             log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    return port
-
-
-def stop_cluster() -> None:
-    import ray
-    from ray import serve
-
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
-
-
-@dataclass
-class App:
-    name: str
-    prefix: str
-    port: int
-    config: object  # LLMServingConfig
-
-    @property
-    def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base(self) -> str:
-        return self.root + ("" if self.prefix == "/" else self.prefix)
-
-    def handle(self, deployment: str = "LLMServer"):
-        from ray import serve
-
-        return serve.get_deployment_handle(deployment, app_name=self.name)
-
-
-def deploy(port: int, config, name: str | None = None, prefix: str = "/") -> App:
-    """serve.run the app and make sure the port answers with it (Serve binds with SO_REUSEPORT)."""
-    import httpx
-    from ray import serve
-
-    from deployments.app import build_app
-
-    name = name or f"dspark-rel-{uuid.uuid4().hex[:8]}"
-    serve.run(build_app(config), name=name, route_prefix=prefix)
-    app = App(name, prefix, port, config)
-    routes = httpx.get(f"{app.root}/-/routes", timeout=10).json()
-    assert routes.get(prefix) == name, routes
-    return app
+# ----- polling ------------------------------------------------------------------------------------------------------
 
 
 def wait_until(fn, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
@@ -695,7 +630,7 @@ def check_disconnect(app: App, max_tokens: int = 2000, log=print) -> dict:
     wait_drained(app, 30)
     before = stats(app)
     aborts_before = metric(scrape(app), "dspark:request_success_total", finished_reason="abort")
-    read = raw_stream_then_close(app.port, app.prefix.rstrip("/") + "/v1/completions",
+    read = raw_stream_then_close(app.port, app.route_prefix.rstrip("/") + "/v1/completions",
                                  completion_body(prompt_ids(424242), max_tokens), min_events=3)
     if "200" not in read["head"]:
         problems.append(f"stream did not start: {read}")
@@ -1078,11 +1013,10 @@ def main() -> None:
     torch.set_num_threads(1)
     report: dict = {"config": vars(args), "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t_all = time.perf_counter()
-    port = start_cluster()
-    try:
+    with local_serve() as port:
         if "load" in only:
             cfg = load_config()
-            app = deploy(port, cfg, prefix="/load")
+            app = run_app(cfg, port, route_prefix="/load")
             report["load"] = run_load(app, AloneReference(cfg.engine), args.burst, args.distinct, args.max_tokens,
                                       args.warmup)
             from ray import serve
@@ -1093,11 +1027,12 @@ def main() -> None:
             target, drafter = tiny_models(tmp / "small-vocab")
         if "faults" in only:
             faults = report["faults"] = {}
-            app = deploy(port, faults_config(target, drafter), prefix="/faults")
+            app = run_app(faults_config(target, drafter), port, route_prefix="/faults")
             faults["draft_actor_kill"] = check_draft_actor_kill(app, target)
             faults["disconnect"] = check_disconnect(app)
             faults["kv_exhaustion"] = check_kv_exhaustion(app, target)
-            broken = deploy(port, faults_config(target, broken_drafter(tmp / "broken", drafter)), prefix="/broken")
+            broken = run_app(faults_config(target, broken_drafter(tmp / "broken", drafter)), port,
+                             route_prefix="/broken")
             faults["broken_drafter"] = check_broken_drafter(broken)
             faults["replica_kill"] = check_replica_kill(app)
         if "fuzz" in only:
@@ -1107,10 +1042,8 @@ def main() -> None:
             cfg = faults_config(target, drafter, kv_gb=0.02, max_num_seqs=16,
                                 limits=RequestLimits(max_tokens=16, default_chat_max_tokens=16, max_n=4,
                                                      max_choices=8, max_body_bytes=256 * 1024))
-            app = deploy(port, cfg, prefix="/fuzz")
+            app = run_app(cfg, port, route_prefix="/fuzz")
             report["fuzz"] = fuzz(app, args.fuzz_examples, args.seed)
-    finally:
-        stop_cluster()
     report["wall_s"] = time.perf_counter() - t_all
     text = table(report)
     print(text)

@@ -142,30 +142,22 @@ def summarize(results: list[dict], slo_ttft: float, slo_tpot: float) -> dict:
 
 
 def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "separate") -> tuple[str, callable]:
-    """A local Ray + the app on a free loopback port. Returns (base url, stop)."""
-    import socket
+    """A local Ray + the app on a free loopback port (deployments.launch). Returns (base url, stop)."""
+    from contextlib import ExitStack
 
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
     from deployments.config import LLMServingConfig
+    from deployments.launch import local_serve, run_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = LLMServingConfig(engine=engine_cfg, num_replicas=replicas, served_model_name="bench",
                               drafter_mode="actor" if engine_cfg.drafter else "none", ingress_mode=ingress_mode)
-    ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), object_store_memory=200 * 2**20,
-             include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(config), name="serve-bench", route_prefix="/")
-
-    def stop():
-        serve.shutdown()
-        ray.shutdown()
-
-    return f"http://127.0.0.1:{port}", stop
+    cluster = ExitStack()
+    port = cluster.enter_context(local_serve(num_cpus=max(4, os.cpu_count() or 1), object_store_mb=200))
+    try:
+        app = run_app(config, port, name="serve-bench")
+    except BaseException:
+        cluster.close()
+        raise
+    return app.base, cluster.close
 
 
 def random_drafter(target_dir: Path, out: Path) -> Path:
@@ -290,7 +282,8 @@ def actor_vs_in_process(target_dir: Path, drafter_dir: Path, dtype_name: str, ba
     import torch
 
     from draft_service.actor import DraftServiceProxy, load_target_head, start_draft_actor
-    from draft_service.service import ContextSync, DraftService, DraftWork
+    from draft_service.service import DraftService
+    from engine.drafter import ContextSync, DraftWork
     from engine.loader import resolve_dtype
 
     dtype = resolve_dtype(dtype_name, torch.device("cpu"))

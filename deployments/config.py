@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from autoscale.policy import PolicyParams
 from engine.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -101,8 +102,6 @@ class DeploymentOptions(BaseModel):
                     raise ValueError(f"autoscaling_config.{key} must be 0 with {function}: the policy has its own "
                                      f"delays (policy_kwargs), and Serve's would add to them")
             if function == DSPARK_POLICY_CLASS:
-                from autoscale.policy import PolicyParams
-
                 try:  # unknown or inconsistent kwargs fail here, not in Serve's controller
                     PolicyParams(**(policy.get("policy_kwargs") or {}))
                 except TypeError as exc:

@@ -40,6 +40,7 @@ from deployments.openai_protocol import (APIError, ChatChoice, ChatChunkChoice, 
                                          ResponseMetrics, SpeculativeDecodingMetrics, TokenLogprob, TopLogprob,
                                          UsageInfo, openapi_schema, random_id, validation_message)
 from deployments.ratelimit import TokenBuckets, client_key, retry_after_header
+from engine.loader import resolve_model
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("ray.serve")
@@ -201,7 +202,6 @@ class OpenAIIngress:
         'in_replica', deployments/server.py)."""
         from transformers import AutoTokenizer
 
-        from engine.loader import resolve_model
 
         self.llm = llm
         self.local = not isinstance(llm, DeploymentHandle)
@@ -264,8 +264,8 @@ class OpenAIIngress:
 
     @app.get("/metrics")
     async def metrics(self):
-        """Prometheus text: every replica's samples as last pushed to the metrics hub (at most ~1 s old), each with
-        a `replica` label, this ingress's own live ones, and `dspark:metrics_age_seconds` per replica."""
+        """Prometheus text: every replica's samples as last pushed to the metrics hub (at most a push interval old),
+        each with a `replica` label, this ingress's own live ones, and `dspark:metrics_age_seconds` per replica."""
         sources = {}
         if self.metrics_hub is not None:
             try:

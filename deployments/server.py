@@ -14,6 +14,7 @@ back as `{"error": message, "status": http_status}` items rather than exceptions
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -26,13 +27,14 @@ from ray import serve
 
 from deployments.config import LLMServingConfig
 from deployments.ingress import OpenAIIngress
-from draft_service.actor import DraftServiceProxy, RayLocator
 from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
+from draft_service.actor import DraftServiceProxy, RayLocator, draft_context_tokens, start_draft_actor
 from engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError,
                                  engine_info)
 from engine.engine_process import EngineProcess
 from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
+from engine.loader import resolve_device, resolve_drafter, resolve_dtype, resolve_model
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("ray.serve")
@@ -90,18 +92,18 @@ class LLMServer:
                 if self.draft_actor is not None:
                     ray.kill(self.draft_actor)
                     self.draft_actor = None
+        # How an engine reaches the actor: a proxy over the actor's socket, given a locator for reconnects.
+        connect = None if draft is None else functools.partial(
+            DraftServiceProxy.connect, draft["info"], device=draft["device"], timeout_s=draft["timeout_s"])
         if config.engine_process:
             # The engine steps in a child process, so this process's event loops never hold its GIL.
-            self.engine = EngineProcess(engine_cfg, self.draft_actor, draft, thread_nice=config.engine_thread_nice,
+            self.engine = EngineProcess(engine_cfg, connect, self.draft_actor, thread_nice=config.engine_thread_nice,
                                         torch_threads=threads, drafter_error=drafter_error,
                                         startup_timeout_s=config.draft_actor.startup_timeout_s)
             info = self.engine.info
         else:
-            proxy = None
-            if draft is not None:
-                proxy = DraftServiceProxy.connect(draft["info"], RayLocator(self.draft_actor), draft["device"],
-                                                  draft["timeout_s"])
-            engine = LLMEngine(engine_cfg, draft_service=proxy)
+            proxy = None if connect is None else connect(RayLocator(self.draft_actor))
+            engine = LLMEngine(engine_cfg, drafter_factory=None if proxy is None else lambda target: proxy)
             if drafter_error:
                 engine.drafter_error = drafter_error
             self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
@@ -124,9 +126,6 @@ class LLMServer:
         """Start this replica's draft actor; returns what an engine needs to reach it: the actor's info (its socket
         address among it), the engine's device and the step timeout."""
         from transformers import AutoConfig
-
-        from draft_service.actor import draft_context_tokens, start_draft_actor
-        from engine.loader import resolve_device, resolve_drafter, resolve_dtype, resolve_model
 
         ec, opts = config.engine, config.draft_actor
         target = resolve_model(ec.model)

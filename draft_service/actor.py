@@ -3,9 +3,10 @@
 The actor holds one DraftService: the drafter's weights once, plus the draft contexts of all of that replica's
 sequences. It reads the target's embedding and lm_head itself, straight from the target's safetensors (the drafter
 shares them and checkpoints omit them), so the engine never ships weights. The engine gets a `DraftServiceProxy`,
-which looks like a DraftService (gamma, vocab_size, tap_layers, step, release, stats). Ray starts, places and
-restarts the actor and answers `info` and `ping`; the per-step calls go over a Unix socket to a thread of the actor
-(draft_service/channel.py), one round trip each, served in order. Tensors travel as CPU tensors.
+which is a Drafter (engine/drafter.py) as the DraftService is. Ray starts, places and restarts the actor and answers
+`info` and `ping`; the per-step calls go over a Unix socket to a thread of the actor (draft_service/channel.py), one
+round trip each, served in order. Tensors travel as CPU tensors. Ray is imported only where it is used: an engine
+process reaches the actor through a proxy without Ray.
 
 Failure: a proxy call on a dead actor raises, the Speculator falls back to plain decoding, and Ray restarts the actor
 (max_restarts). The restarted actor has no contexts; the first step that names a context it lost raises (see
@@ -29,7 +30,11 @@ import numpy as np
 import torch
 
 from draft_service.channel import Channel, listen
-from draft_service.service import ContextSync, DraftService, DraftStep, DraftWork
+from draft_service.service import DraftService
+from engine.attention import KVCache
+from engine.drafter import ContextSync, DraftStep, DraftWork
+from engine.llm_engine import CPU_KV_CACHE_DEFAULT_GB, MAX_CONTEXT_DEFAULT
+from engine.loader import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +73,7 @@ def load_target_head(target_dir: str | os.PathLike, dtype: torch.dtype) -> tuple
 
 def draft_context_tokens(target_dir: str | os.PathLike, engine_config, dtype: torch.dtype, device: torch.device) -> int:
     """The context budget the engine would give an in-process service: the tokens its KV cache holds, plus a
-    partial page per sequence (mirrors LLMEngine._init_speculation, computed from config.json alone)."""
-    from engine.attention import KVCache
-    from engine.llm_engine import CPU_KV_CACHE_DEFAULT_GB, MAX_CONTEXT_DEFAULT
-
+    partial page per sequence (mirrors LLMEngine._start_drafter, computed from config.json alone)."""
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     if engine_config.kv_cache_memory_gb is None and device.type == "cuda":
         # The engine sizes a GPU cache from free memory, which the actor cannot see in advance: budget every
@@ -90,7 +92,7 @@ def draft_context_tokens(target_dir: str | os.PathLike, engine_config, dtype: to
 @dataclass
 class Packed:
     """A tensor as a numpy buffer, which Ray serializes out of band. Pickling a torch tensor goes through
-    torch.save: about 0.1 ms per tensor each way, so one round's taps of 64 sequences cost 16 ms as 64 tensors."""
+    torch.save, a fixed cost per tensor each way that one round's taps would pay once per sequence."""
     data: np.ndarray  # the tensor's bytes
     dtype: str
     shape: tuple[int, ...]
@@ -126,8 +128,6 @@ class DraftActor:
 
     def __init__(self, drafter_dir: str, target_dir: str, dtype: str, device: str, max_context_tokens: int,
                  num_threads: int | None = None):
-        from engine.loader import resolve_device, resolve_dtype
-
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -252,9 +252,10 @@ class RayLocator:
 
 
 class DraftServiceProxy:
-    """What the engine holds instead of a DraftService: `LLMEngine(config, draft_service=DraftServiceProxy(actor))`.
-    Called only from the engine thread. `DraftServiceProxy.connect(info, locator)` builds one without Ray (an engine
-    in a process of its own, engine/engine_process.py), from the actor's `info` and a locator for reconnects."""
+    """The engine's Drafter when the drafter runs in an actor: `LLMEngine(config, drafter_factory=lambda target:
+    DraftServiceProxy(actor))`. Called only from the engine thread. `DraftServiceProxy.connect(info, locator)` builds
+    one without Ray (an engine in a process of its own, engine/engine_process.py), from the actor's `info` and a
+    locator for reconnects."""
 
     def __init__(self, actor, device: str | torch.device = "cpu", timeout_s: float = 30.0,
                  startup_timeout_s: float = 600.0):

@@ -1,13 +1,13 @@
 """The link between an engine replica and its draft actor: one Unix socket between two processes on one node (the
 actor sits in the replica's own placement-group bundle), carrying request/reply messages.
 
-Why not Ray calls: a Ray actor call costs 1.1 to 1.7 ms per round trip on this machine, a socket round trip 0.05 to
-0.2 ms, against a draft round of 6 ms at batch 1. Ray's compiled graphs are as fast but their reader polls: an idle
+Why not Ray calls: a Ray actor call's round trip costs many times a socket's, a sizeable share of a draft round at
+batch 1. Ray's compiled graphs are as fast but their reader polls: an idle
 actor kept a whole core busy.
 
 Messages are pickled with protocol 5 and their buffers (numpy arrays: tap rows, draft probabilities) travel out of
 band: small ones on the socket, large ones through a shared-memory arena (a memfd, passed over the socket when it
-is created or grown), since the socket moves large buffers at about 0.5 GB/s here. Each side writes only its own
+is created or grown), since the socket moves large buffers far below memory speed. Each side writes only its own
 arena and the protocol is strictly request then reply, so a reader has copied a message out before the writer can
 reuse the arena.
 """

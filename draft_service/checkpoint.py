@@ -1,4 +1,5 @@
-"""Load/save drafters in DeepSpec's checkpoint layout.
+"""Read/write drafter checkpoints in DeepSpec's layout (DSparkDrafter.from_pretrained / save_pretrained build the
+model around them).
 
 A DeepSpec checkpoint dir is HF `save_pretrained` output of Qwen3DSparkModel:
 config.json + model.safetensors (or sharded, with model.safetensors.index.json),
@@ -18,7 +19,6 @@ from safetensors.torch import save_file
 
 from .calibrate import CALIBRATION_FILE, load_temperatures
 from .config import DSparkConfig
-from .model import DSparkDrafter
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -44,8 +44,10 @@ def _weight_files(path: str) -> dict[str, str]:
         return {k: file for k in f.keys()}
 
 
-def load_drafter(path, *, target_embed=None, target_lm_head=None, dtype=None, device=None) -> DSparkDrafter:
-    """Build a DSparkDrafter from a checkpoint dir.
+def read_checkpoint(path, *, target_embed=None, target_lm_head=None, dtype=None, device=None
+                    ) -> tuple[DSparkConfig, dict[str, torch.Tensor], list[float] | None]:
+    """A checkpoint dir's config, state dict (in `dtype`, on `device`) and calibrated confidence temperatures (None
+    when it has none).
 
     embed_tokens / lm_head: the target's tensors when given (shared, not copied when dtype and
     device already match), else the checkpoint's copies; one of the two must exist.
@@ -86,32 +88,20 @@ def load_drafter(path, *, target_embed=None, target_lm_head=None, dtype=None, de
     sd = {k: v.to(device=device, dtype=dtype) for k, v in sd.items()}
     if draft_vocab is not None:
         sd["draft_vocab"] = draft_vocab.to(device=device, dtype=torch.long)
-
-    with torch.device("meta"):
-        model = DSparkDrafter(cfg, draft_vocab=torch.empty(cfg.draft_vocab_size, dtype=torch.long)
-                              if cfg.draft_vocab_size else None)
-    expected = model.state_dict()
-    for k, v in sd.items():
-        if k in expected and tuple(expected[k].shape) != tuple(v.shape):
-            raise ValueError(f"{k}: checkpoint shape {tuple(v.shape)} != config shape {tuple(expected[k].shape)}")
-    model.load_state_dict(sd, strict=True, assign=True)  # raises on missing / unexpected names
     temps = load_temperatures(path)
-    if temps is not None:
-        if len(temps) != cfg.block_size:
-            raise ValueError(f"{CALIBRATION_FILE} has {len(temps)} temperatures for block_size {cfg.block_size}")
-        model.conf_temperatures = torch.tensor(temps, dtype=torch.float64, device=device)
-    return model.requires_grad_(False).eval()
+    if temps is not None and len(temps) != cfg.block_size:
+        raise ValueError(f"{CALIBRATION_FILE} has {len(temps)} temperatures for block_size {cfg.block_size}")
+    return cfg, sd, temps
 
 
-def save_drafter(model: DSparkDrafter, path: str, include_embeddings: bool = False,
-                 dtype: torch.dtype | None = None) -> None:
+def write_checkpoint(path: str, cfg: DSparkConfig, state_dict: dict[str, torch.Tensor],
+                     include_embeddings: bool = False, dtype: torch.dtype | None = None) -> None:
     """Write config.json + model.safetensors (optionally cast, e.g. to bf16 for release)."""
     os.makedirs(path, exist_ok=True)
-    cfg = model.config
-    cfg.extra["dtype"] = str(dtype or model.dtype).removeprefix("torch.")
+    cfg.extra["dtype"] = str(dtype or state_dict["fc.weight"].dtype).removeprefix("torch.")
     cfg.to_json(os.path.join(path, "config.json"))
     out, seen = {}, set()
-    for k, v in model.state_dict().items():
+    for k, v in state_dict.items():
         if k in TARGET_SHARED and not include_embeddings:
             continue
         v = v.detach().to("cpu")

@@ -12,7 +12,7 @@ pass for the whole batch in which every layer writes the block's K/V just past e
 context (in slots lent for the call) and attends in place, non-causally, with the engine's
 paged attention: the CPU kernel, or SDPA over gathered pages elsewhere. Then one Markov
 loop for the whole batch. (Gathering the contexts into a padded batch and concatenating
-the block to them took 42% of a round at 64 sequences.)
+the block to them took a large share of a round at high batch.)
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
+
+from engine.attention import KVCache, build_metadata
+from engine.ops import Ops
 
 from .model import DraftProposal, DSparkDrafter
 
@@ -50,9 +53,6 @@ class DraftContextPool:
                  max_bytes: int | None = None, page_size: int = 16, kernels: bool = True):
         """`kernels=False` keeps the PyTorch attention path (SDPA over gathered pages) where the CPU kernel would
         run; the results agree (tests)."""
-        from engine.attention import KVCache  # here: the engine package imports this module
-        from engine.ops import Ops
-
         if (max_tokens is None) == (max_bytes is None):
             raise ValueError("give exactly one of max_tokens / max_bytes")
         cfg = model.config
@@ -172,8 +172,6 @@ class DraftContextPool:
         Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator]]).
         probs_format: "full" | "compact" | "none", see DraftProposal.
         """
-        from engine.attention import build_metadata
-
         reqs = [r if isinstance(r, DraftRequest) else DraftRequest(*r) for r in batch]
         if not reqs:
             raise ValueError("empty batch")

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from engine import SamplingParams
+
 FILES = {  # name -> numpy dtype of one element
     "tokens": np.int32,
     "taps": np.uint16,  # bfloat16 bits
@@ -145,8 +147,6 @@ def generate_cache(engine, prompts: list[dict], folder: Path, *, temperatures: l
     """Let the target answer every prompt at every temperature and cache tokens, taps and top-k distributions.
     A prompt is {"id", "messages"} (chat) or {"id", "token_ids"}. `engine` is an LLMEngine built with the drafter's
     tap layers. Resumable."""
-    from engine import SamplingParams
-
     if not engine.tap_layers:
         raise ValueError("the engine must tap the drafter's target layers")
     writer = CacheWriter(folder, len(engine.tap_layers) * engine.model.hidden_size, topk)

@@ -19,6 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention import paged_attention
+from engine.model import Linear, layer_call_args
+from engine.ops import Ops, lowrank_chunks
+
+from . import checkpoint
 from .config import DSparkConfig
 
 
@@ -70,8 +75,6 @@ class PackedLinear(nn.Module):
 
     def __init__(self, lin: nn.Linear):
         super().__init__()
-        from engine.model import Linear
-
         self.weight, self.bias = lin.weight, lin.bias
         self.fast = Linear(lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
 
@@ -228,9 +231,6 @@ class DSparkDrafter(nn.Module):
         """Frozen serving: prepacked linears, q/k/v, gate/up and the context K/V projections fused as the target's
         forward fuses them, the engine's fused RMSNorm/argmax/silu where the device has them, and the confidence
         head folded (below). The parameters stay registered under their checkpoint names."""
-        from engine.model import Linear
-        from engine.ops import Ops, lowrank_chunks
-
         ops = Ops(self.device)
         self._argmax = ops.argmax if ops.fused else None
         mh = self.markov_head
@@ -267,8 +267,6 @@ class DSparkDrafter(nn.Module):
 
     def _layer_call_args(self, rows: int) -> tuple[list, list[int]] | None:
         """decoder_layers' arguments for the draft layers at `rows` block tokens, cached per row count."""
-        from engine.model import layer_call_args
-
         if rows not in self._layer_args:
             self._layer_args[rows] = layer_call_args(
                 [(ly.input_layernorm.weight.detach(), ly.self_attn.qkv, ly.self_attn.q_norm.weight.detach(),
@@ -330,8 +328,6 @@ class DSparkDrafter(nn.Module):
         layouts): every layer writes the block's K/V into slots just after its sequence's context (lent by the pool
         for this call, beyond the context's length, so they never become context) and attends with causal=False
         metadata. anchor_ids/anchor_pos [B]; returns h [B, gamma, d]."""
-        from engine.attention import paged_attention
-
         B, G = anchor_ids.shape[0], self.gamma
         ids = torch.full((B, G), self.config.mask_token_id, dtype=torch.long, device=anchor_ids.device)
         ids[:, 0] = anchor_ids
@@ -434,12 +430,22 @@ class DSparkDrafter(nn.Module):
     # -- checkpoints (see checkpoint.py) ---------------------------------------
     @classmethod
     def from_pretrained(cls, path, *, target_embed=None, target_lm_head=None, dtype=None, device=None):
-        from .checkpoint import load_drafter
-
-        return load_drafter(path, target_embed=target_embed, target_lm_head=target_lm_head,
-                            dtype=dtype, device=device)
+        """A frozen drafter from a checkpoint dir; embed_tokens / lm_head from the target when given (see
+        checkpoint.read_checkpoint)."""
+        cfg, sd, temps = checkpoint.read_checkpoint(path, target_embed=target_embed, target_lm_head=target_lm_head,
+                                                    dtype=dtype, device=device)
+        with torch.device("meta"):
+            model = cls(cfg, draft_vocab=torch.empty(cfg.draft_vocab_size, dtype=torch.long)
+                        if cfg.draft_vocab_size else None)
+        expected = model.state_dict()
+        for k, v in sd.items():
+            if k in expected and tuple(expected[k].shape) != tuple(v.shape):
+                raise ValueError(f"{k}: checkpoint shape {tuple(v.shape)} != config shape {tuple(expected[k].shape)}")
+        model.load_state_dict(sd, strict=True, assign=True)  # raises on missing / unexpected names
+        if temps is not None:
+            model.conf_temperatures = torch.tensor(temps, dtype=torch.float64, device=model.device)
+        return model.requires_grad_(False).eval()
 
     def save_pretrained(self, path, include_embeddings: bool = False, dtype: torch.dtype | None = None) -> None:
-        from .checkpoint import save_drafter
-
-        save_drafter(self, path, include_embeddings=include_embeddings, dtype=dtype)
+        checkpoint.write_checkpoint(path, self.config, self.state_dict(), include_embeddings=include_embeddings,
+                                    dtype=dtype)

@@ -9,9 +9,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draft_service.calibrate import fit_sts, save_calibration, stack_records
+from draft_service.calibrate import fit_sts, save_calibration, stack_records, survival_ece
 from draft_service.data import Cache, generate_cache
+from draft_service.model import DSparkDrafter
+from draft_service.prompts import load_prompts
 from draft_service.train import TrainConfig, evaluate, local_index, train
+from engine import EngineConfig, LLMEngine
+from engine.loader import resolve_model
 
 log = logging.getLogger(__name__)
 DEFAULT_TAPS = [1, 8, 15, 22, 28]  # SmolLM2-135M (30 layers): spread over depth, never the last layer
@@ -21,8 +25,6 @@ CALIBRATION_EVERY = 25  # every 25th training answer is kept out of training and
 def load_prompt_file(name: str) -> list[dict]:
     path = Path(name)
     if not path.exists():
-        from draft_service.prompts import load_prompts
-
         return load_prompts(name)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -42,9 +44,6 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
                   max_prompts: int | None = None, gen_threads: int | None = None, cache: Path | None = None) -> Path:
     """Generate (or reuse) the caches, train (or resume), calibrate, and write out/drafter. Returns that folder."""
     from transformers import AutoModelForCausalLM
-
-    from engine import EngineConfig, LLMEngine
-    from engine.loader import resolve_model
 
     out = Path(out)
     cache = Path(cache) if cache else out / "cache"
@@ -81,8 +80,6 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
     report = evaluate(drafter, heldout, [s for s in heldout.samples if s.temperature == 0.0], to_local,
                       max_anchors=10**6)
     zh, yh, vh = stack_records(report.pop("records"))
-    from draft_service.calibrate import survival_ece
-
     calibration["heldout_ece_before"] = survival_ece(zh, yh, vh, np.ones(zh.shape[1]))
     calibration["heldout_ece_after"] = survival_ece(zh, yh, vh, np.array(calibration["temperatures"]))
     final = out / "drafter"
@@ -100,9 +97,6 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
 def calibrate(drafter_dir: Path, cache_dir: Path, model: str | None = None) -> dict:
     """Fit STS for an existing drafter on a cache of the target's answers; write calibration.json beside it."""
     from transformers import AutoModelForCausalLM
-
-    from draft_service.model import DSparkDrafter
-    from engine.loader import resolve_model
 
     target = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32).eval()
     drafter = DSparkDrafter.from_pretrained(drafter_dir, target_embed=target.get_input_embeddings().weight,

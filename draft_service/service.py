@@ -1,9 +1,10 @@
 """The draft service: the drafter's weights once, plus the draft context of every sequence of one engine.
 
-The engine talks to it with one call per step (`step`): bring some contexts up to date (truncate, append taps) and
-propose blocks for a batch of sequences. The same object runs in the engine's process or inside a Ray actor
-(draft_service/actor.py), so a step costs one round trip either way. Sequences are named by the engine's keys;
-their contexts are created on first use and freed by `release`.
+It is the engine's `Drafter` (engine/drafter.py): one call per step (`step`) brings some contexts up to date
+(truncate, append taps) and proposes blocks for a batch of sequences. The same object runs in the engine's process
+(loaded through the `dspark.drafters` entry point, `load_for_engine`) or inside a Ray actor (draft_service/actor.py),
+so a step costs one round trip either way. Sequences are named by the engine's keys; their contexts are created on
+first use and freed by `release`.
 """
 from __future__ import annotations
 
@@ -14,33 +15,7 @@ import torch
 
 from draft_service.context import DraftContextPool, DraftRequest
 from draft_service.model import DSparkDrafter
-
-
-@dataclass
-class ContextSync:
-    key: str
-    keep: int  # truncate the context to this many tokens first
-    taps: torch.Tensor | None = None  # [n, n_taps * d] taps of the next n positions, appended after `keep`
-
-
-@dataclass
-class DraftWork:
-    key: str
-    anchor_token: int
-    anchor_pos: int  # the context must hold exactly the positions before it
-    temperature: float = 0.0
-    seed: int | None = None  # seeds this sequence's draft sampling on first use
-
-
-@dataclass
-class DraftStep:
-    tokens: list[list[int]]  # per work item, gamma target-vocabulary ids
-    confidences: list[list[float]]  # per work item, calibrated c_1..c_gamma
-    probs: torch.Tensor | None  # [n_sampled, gamma, V_draft] p_d of the sampled work items, in order
-    sampled: list[int]  # which work items those rows belong to
-    draft_vocab: torch.Tensor | None  # draft index -> target id (None: the full vocabulary)
-    seconds: float = 0.0  # time spent in the service
-    append_seconds: float = 0.0  # of which bringing the contexts up to date (the syncs' appends)
+from engine.drafter import ContextSync, DraftStep, DraftTarget, DraftWork
 
 
 @dataclass
@@ -123,3 +98,10 @@ class DraftService:
     def stats(self) -> dict:
         return {"live_contexts": self.pool.num_live_contexts, "context_bytes": self.pool.bytes_in_use,
                 "context_capacity_bytes": self.pool.capacity_bytes}
+
+
+def load_for_engine(path, target: DraftTarget) -> DraftService:
+    """The `dspark.drafters` entry point (pyproject.toml): the drafter in folder `path`, for an engine that loads it
+    in its own process, sharing the target's embedding and lm_head."""
+    return DraftService.load(path, target.embed, target.lm_head, target.dtype, target.device,
+                             target.max_context_tokens)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from draft_service.config import DSparkConfig
 from draft_service.data import Cache, Sample
 from draft_service.model import DSparkDrafter, apply_rope
+from engine.loader import cpu_has_bf16
 
 POSITION_DECAY = 4.0  # w_k = exp(-k / 4), as DeepSpec
 LOSS_WEIGHTS = {"ce": 0.1, "l1": 0.9, "conf": 1.0}
@@ -50,9 +51,7 @@ class TrainConfig:
 
 def mixed_precision() -> torch.autocast:
     """bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere: on an AVX2-only CPU autocast emulates bf16,
-    and a linear's forward and backward measured 29x slower under it than in fp32."""
-    from engine.loader import cpu_has_bf16
-
+    and a linear's forward and backward run many times slower under it than in fp32."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_bf16())
 
 

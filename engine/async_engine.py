@@ -168,8 +168,8 @@ class AsyncLLMEngine:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config=None, draft_service=None, **overrides) -> AsyncLLMEngine:
-        return cls(LLMEngine(config, draft_service=draft_service, **overrides))
+    def from_config(cls, config=None, drafter_factory=None, **overrides) -> AsyncLLMEngine:
+        return cls(LLMEngine(config, drafter_factory=drafter_factory, **overrides))
 
     # ----- the asyncio side ---------------------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.spec_mode import parse_speculation
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -30,7 +32,5 @@ class EngineConfig(BaseModel):
     @classmethod
     def _valid_mode(cls, value: str | None) -> str | None:
         if value is not None:
-            from engine.spec_mode import parse_speculation
-
             parse_speculation(value)
         return value

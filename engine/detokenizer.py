@@ -13,8 +13,8 @@ PROMPT_CONTEXT_TOKENS = 6  # prompt tokens decoded with the output, so leading s
 
 def fast_decode(tokenizer):
     """`decode(ids)` with special tokens skipped. A fast tokenizer's Rust decoder is called directly where that is
-    what transformers' decode would return (no space clean-up): its Python wrapper cost about 5 us of the 6.5 us a
-    call took, which is two calls per token of every sequence, every step."""
+    what transformers' decode would return (no space clean-up): its Python wrapper costs most of a call's time, and
+    this runs twice per token of every sequence, every step."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return lambda ids: backend.decode(ids, skip_special_tokens=True)

@@ -1,8 +1,8 @@
 """LLMEngine in a process of its own (as vLLM v1's EngineCore), behind the AsyncLLMEngine interface.
 
 Why: in a Serve replica the engine thread shares its process, and so the GIL, with the event loops that run Python
-for every request and streamed delta. On 2 CPU cores that made each step about 7% slower than the same step in a
-plain loop. Here the engine steps in a child process with nothing else in it; the server's process keeps the asyncio
+for every request and streamed delta. On a few CPU cores that made each step measurably slower than the same step in
+a plain loop. Here the engine steps in a child process with nothing else in it; the server's process keeps the asyncio
 side (admission, per-request streams) and one reader thread that blocks on the pipe.
 
 Protocol, over one multiprocessing connection (pickled tuples):
@@ -12,11 +12,11 @@ Protocol, over one multiprocessing connection (pickled tuples):
                       | ("outputs", [OutputDelta], stats) | ("step_failed", [rid], message) | ("stats", stats)
                       | ("draft_lost",) | ("dead", reason)
 A delta carries what a step added to a request's RequestOutput (new tokens, text and logprobs; the prompt ids once);
-the parent keeps what came before. Whole outputs would pickle every token so far, every step: 1.6 ms a step at 64
-sequences of 500 + 500 tokens, 6.9 ms at 1,000 + 2,000, growing with the length; as deltas,
-rebuilt included, 0.2 ms at 64 short requests and 0.4 ms at 1,000 + 2,000.
-The child's draft service is a DraftServiceProxy connected straight to the replica's draft actor over its socket;
-when that link breaks, the child asks the parent (which has Ray) where the restarted actor listens.
+the parent keeps what came before. Whole outputs would pickle every token so far, every step, a cost that grows with
+the length; deltas, rebuilt included, cost little and hardly grow.
+The child's drafter comes from `connect_drafter`, a picklable callable its caller passes in (deployments/server.py:
+a DraftServiceProxy connected straight to the replica's draft actor over its socket); when that link breaks, the child
+asks the parent (which has Ray) where the restarted actor listens.
 """
 from __future__ import annotations
 
@@ -27,14 +27,18 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
+import torch
+
 from engine.async_engine import (IDLE_PUBLISH_S, MAX_CONSECUTIVE_STEP_FAILURES, AsyncLLMEngine, EngineDeadError,
                                  EngineStepError, RequestAbortedError, _deliver, _Request, _resolve, engine_info,
                                  published_stats, release_free_heap, set_nice)
-from engine.llm_engine import RequestOutput
+from engine.drafter import Drafter
+from engine.llm_engine import LLMEngine, RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +85,18 @@ class _SoFar:
 
 
 class EngineProcess(AsyncLLMEngine):
-    """`EngineProcess(config, draft_actor=None, ...)`: starts the child, waits until its engine is loaded, and then
-    behaves as AsyncLLMEngine (add_request, generate, abort, stats, is_alive, dead_reason, shutdown). `info` holds
-    what a server needs from the engine object itself (max_model_len, vocab_size, speculation, drafter_error)."""
+    """`EngineProcess(config, connect_drafter=None, draft_actor=None, ...)`: starts the child, waits until its
+    engine is loaded, and then behaves as AsyncLLMEngine (add_request, generate, abort, stats, is_alive, dead_reason,
+    shutdown). `info` holds what a server needs from the engine object itself (max_model_len, vocab_size,
+    speculation, drafter_error)."""
 
-    def __init__(self, config, draft_actor=None, draft_info: dict | None = None, thread_nice: int | None = None,
-                 torch_threads: int | None = None, drafter_error: str | None = None,
+    def __init__(self, config, connect_drafter: Callable[[_ParentLocator], Drafter] | None = None, draft_actor=None,
+                 thread_nice: int | None = None, torch_threads: int | None = None, drafter_error: str | None = None,
                  startup_timeout_s: float = 600.0):
-        """`draft_actor`/`draft_info`: the replica's draft actor and {"info": its info(), "device", "timeout_s"}
-        (None: the engine loads `config.drafter` itself, or runs without one). `drafter_error`: why a drafter that
-        was asked for is missing (reported in stats)."""
+        """`connect_drafter`: a picklable callable that the child calls with its locator (see _ParentLocator) to get
+        the engine's drafter; `draft_actor`: the Ray actor behind it, which this process pings for the child after a
+        failure. None: the engine loads `config.drafter` itself, or runs without one. `drafter_error`: why a drafter
+        that was asked for is missing (reported in stats)."""
         self.draft_actor = draft_actor
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _requests: the asyncio side adds, the reader thread delivers
@@ -106,7 +112,7 @@ class EngineProcess(AsyncLLMEngine):
         theirs.close()
         self._conn = Connection(ours.detach())
         # Plain pickle: Connection.send would ship a tensor (the draft vocabulary) as a shared-memory handle.
-        self._conn.send_bytes(pickle.dumps((config, draft_info, thread_nice, torch_threads, drafter_error)))
+        self._conn.send_bytes(pickle.dumps((config, connect_drafter, thread_nice, torch_threads, drafter_error)))
         if not self._conn.poll(startup_timeout_s):
             self._child.kill()
             raise RuntimeError(f"the engine process did not start within {startup_timeout_s} s")
@@ -234,7 +240,7 @@ class EngineProcess(AsyncLLMEngine):
             threading.Thread(target=self._locate_draft_actor, daemon=True).start()
 
     def _locate_draft_actor(self) -> None:
-        import ray
+        import ray  # only a replica with a draft actor gets here; the engine itself never needs Ray
 
         try:  # retried by Ray while the actor restarts
             where = ray.get(self.draft_actor.ping.options(max_task_retries=-1).remote())
@@ -256,7 +262,8 @@ class EngineProcess(AsyncLLMEngine):
 
 
 class _ParentLocator:
-    """The child's way back to a restarted draft actor: the parent pings it through Ray (see DraftServiceProxy)."""
+    """The child's way back to a restarted draft actor: the parent pings it through Ray (DraftServiceProxy in
+    draft_service/actor.py calls `start` when its link breaks, then `poll` until the actor answers)."""
 
     def __init__(self, send):
         self.send = send
@@ -276,23 +283,14 @@ class _ParentLocator:
 
 def _child_main(fd: int) -> None:
     conn = Connection(fd)
-    config, draft_info, thread_nice, torch_threads, drafter_error = pickle.loads(conn.recv_bytes())
+    config, connect_drafter, thread_nice, torch_threads, drafter_error = pickle.loads(conn.recv_bytes())
     set_nice(thread_nice)  # first, so that torch's worker threads inherit it
-    import torch
-
-    from engine.llm_engine import LLMEngine
-
     if torch_threads:
         torch.set_num_threads(torch_threads)
     locator = _ParentLocator(conn.send)
     try:
-        proxy = None
-        if draft_info is not None:
-            from draft_service.actor import DraftServiceProxy
-
-            proxy = DraftServiceProxy.connect(draft_info["info"], locator, device=draft_info["device"],
-                                              timeout_s=draft_info["timeout_s"])
-        engine = LLMEngine(config, draft_service=proxy)
+        drafter = connect_drafter(locator) if connect_drafter is not None else None
+        engine = LLMEngine(config, drafter_factory=None if drafter is None else lambda target: drafter)
         if drafter_error:
             engine.drafter_error = drafter_error
     except BaseException as exc:

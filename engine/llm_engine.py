@@ -14,18 +14,18 @@ from engine.attention import KVCache
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, fast_decode
+from engine.drafter import ContextSync, Drafter, DrafterFactory, DraftTarget, DraftWork, installed_drafter
 from engine.load import LoadMonitor, StepLoad
-from engine.loader import (drafter_tap_layers, load_hf_model, resolve_device, resolve_drafter, resolve_dtype,
-                           resolve_model)
+from engine.loader import load_hf_model, resolve_device, resolve_drafter, resolve_dtype, resolve_model
 from engine.model import DecoderLM
 from engine.model_runner import ModelRunner
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, TapBuffer
-from engine.spec_controller import Curve, StepCostModel
 from engine.spec_mode import parse_speculation
 from engine.speculator import Speculator
+from engine.step_cost import Curve, StepCostModel
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,12 @@ class EngineCounters:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, draft_service=None, **overrides):
-        """`draft_service`: a ready draft service (e.g. a proxy to a co-located Ray actor); otherwise the engine
-        loads `config.drafter` in-process, if set."""
+    def __init__(self, config: EngineConfig | None = None, drafter_factory: DrafterFactory | None = None,
+                 **overrides):
+        """`drafter_factory`: builds the drafter once the model is loaded (engine/drafter.py; e.g. one that returns a
+        proxy to a co-located Ray actor). Without one, the engine loads `config.drafter`, if set, through the
+        installed drafter implementation. A drafter that cannot be loaded leaves `drafter_error` set and the engine
+        serving without speculation."""
         config = (config or EngineConfig()).model_copy(update=overrides)
         self.config = config
         self.device = resolve_device(config.device)
@@ -79,21 +82,12 @@ class LLMEngine:
         hf_cfg = hf_model.config
         num_layers = hf_cfg.num_hidden_layers
         self.drafter_error: str | None = None  # why speculation is off although a drafter was asked for
-        drafter_path = None
-        tap_layers = list(config.tap_layers)
-        if draft_service is not None:
-            tap_layers = list(draft_service.tap_layers)
-        elif config.drafter and config.drafter != "none":
+        if drafter_factory is None and config.drafter and config.drafter != "none":
             try:
-                drafter_path = resolve_drafter(config.drafter, hf_cfg)
-                tap_layers = drafter_tap_layers(drafter_path)
-            except (OSError, ValueError) as exc:
+                drafter_factory = installed_drafter(resolve_drafter(config.drafter, hf_cfg))
+            except (OSError, ValueError, LookupError) as exc:
                 self.drafter_error = f"drafter {config.drafter!r} could not be loaded: {exc}"
                 log.error("%s; serving without speculation", self.drafter_error)
-        for layer in tap_layers:
-            if not 0 <= layer < num_layers:
-                raise ValueError(f"tap layer {layer} out of range: the model has {num_layers} decoder layers")
-        self.tap_layers = tuple(tap_layers)
 
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
         per_block = KVCache.bytes_per_block(num_layers, config.block_size, hf_cfg.num_key_value_heads, head_dim,
@@ -115,6 +109,12 @@ class LLMEngine:
         self.kv_cache = KVCache(num_layers, num_blocks, config.block_size, hf_cfg.num_key_value_heads, head_dim,
                                 self.dtype, self.device, k_layout=self.model.ops.key_layout(self.dtype))
         del hf_model
+        drafter = self._start_drafter(drafter_factory, num_blocks) if drafter_factory is not None else None
+        tap_layers = list(drafter.tap_layers) if drafter is not None else list(config.tap_layers)
+        for layer in tap_layers:
+            if not 0 <= layer < num_layers:
+                raise ValueError(f"tap layer {layer} out of range: the model has {num_layers} decoder layers")
+        self.tap_layers = tuple(tap_layers)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, self.tap_layers)
@@ -124,22 +124,27 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.load = LoadMonitor()
         self.speculator: Speculator | None = None
-        if drafter_path is not None or draft_service is not None:
-            self._init_speculation(draft_service, drafter_path, num_blocks)
+        if drafter is not None:
+            self._init_speculation(drafter)
         log.info("engine ready: %s on %s/%s, %d KV blocks (%d tokens), max_model_len %d", self.model_name,
                  self.device, str(self.dtype).removeprefix("torch."), num_blocks, num_blocks * config.block_size,
                  max_len)
 
-    def _init_speculation(self, service, drafter_path, num_blocks: int) -> None:
+    def _start_drafter(self, factory: DrafterFactory, num_blocks: int) -> Drafter | None:
+        cfg = self.config
+        # Contexts hold at most the tokens the KV cache holds, plus one partial page per sequence.
+        target = DraftTarget(self.model.embed_tokens, self.model.lm_head_weight, self.dtype, self.device,
+                             max_context_tokens=num_blocks * cfg.block_size + cfg.max_num_seqs * 16)
+        try:
+            return factory(target)
+        except Exception as exc:  # keep serving without speculation, and say so
+            self.drafter_error = f"drafter could not start: {exc}"
+            log.error("%s; serving without speculation", self.drafter_error)
+            return None
+
+    def _init_speculation(self, service: Drafter) -> None:
         cfg = self.config
         try:
-            if service is None:
-                from draft_service.service import DraftService
-
-                # Contexts hold at most the tokens the KV cache holds, plus one partial page per sequence.
-                max_ctx = num_blocks * cfg.block_size + cfg.max_num_seqs * 16
-                service = DraftService.load(drafter_path, self.model.embed_tokens, self.model.lm_head_weight,
-                                            self.dtype, self.device, max_ctx)
             mode = parse_speculation(cfg.speculation or "adaptive")
             cost = StepCostModel(Curve(*self._profile_forward()), Curve(*self._profile_draft(service)))
         except Exception as exc:  # keep serving without speculation, and say so
@@ -179,9 +184,7 @@ class LLMEngine:
             seconds.append(sorted(times)[len(times) // 2])
         return grid, seconds
 
-    def _profile_draft(self, service, reps: int = 3) -> tuple[list[int], list[float]]:
-        from draft_service.service import ContextSync, DraftWork
-
+    def _profile_draft(self, service: Drafter, reps: int = 3) -> tuple[list[int], list[float]]:
         width = len(self.tap_layers) * self.model.hidden_size
         grid = [n for n in (1, 4, 16, 64) if n <= self.config.max_num_seqs] or [1]
         seconds = []

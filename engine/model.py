@@ -1,11 +1,11 @@
 """A packed, paged forward pass for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
 
-The weights come from the transformers model (`engine.loader.load_hf_model`); only the forward is ours. Measured on
-the default model (bench/engine_throughput.py): transformers' own forward spends about 6.7 ms per decode step outside
-its linear layers on this CPU, several times this loop's overhead, because of per-layer mask, cache and kwargs
-machinery. So the engine runs its own short loop over the same weights, with q/k/v and gate/up fused, one packed
-token dimension (no batch padding) and paged K/V. On the CPU, a step of decodes and verify segments (no prefill
-chunk) takes that loop as one C++ call (decoder_layers in engine/csrc): the same kernels and GEMMs in the same order.
+The weights come from the transformers model (`engine.loader.load_hf_model`); only the forward is ours.
+transformers' own forward spends several times this loop's overhead per decode step outside its linear layers, in
+per-layer mask, cache and kwargs machinery. So the engine runs its own short loop over the same weights, with q/k/v
+and gate/up fused, one packed token dimension (no batch padding) and paged K/V. On the CPU, a step of decodes and
+verify segments (no prefill chunk) takes that loop as one C++ call (decoder_layers in engine/csrc): the same kernels
+and GEMMs in the same order.
 """
 from __future__ import annotations
 
@@ -22,54 +22,34 @@ LINEAR_SMALL, LINEAR_SMALL_Q8, LINEAR_BF16, LINEAR_ONEDNN, LINEAR_ONEDNN_WIDENED
 
 
 class Linear:
-    """y = x W^T + b. On CPU in bf16 and fp32 the weight is prepacked for oneDNN: for the default model's layers,
-    1.2-1.4x faster than F.linear in bf16 and 2.4x in fp32 (F.linear's fp32 path is MKL's sgemm, which is about
-    half as fast on these AMD CPUs). fp64 and fp16 keep F.linear.
+    """y = x W^T + b, run by whichever path is fastest for the rows at hand (`call_args`).
+
+    On CPU in bf16 and fp32 the weight is prepacked for oneDNN, which beats F.linear there (F.linear's fp32 path is
+    MKL's sgemm, slow on AMD CPUs); where oneDNN cannot pack bf16 (no AVX512-BW/VL/DQ), its fp32 GEMM runs over the
+    widened weight. fp64 and fp16 keep F.linear.
 
     A few rows (a decode step, a short verify segment) are memory-bound: every weight is read once for a handful of
-    FMAs. There the kernels' `linear_small` streams the plain weight at close to the machine's read bandwidth, where
-    oneDNN's GEMM reached about 75% of it (the default model's linears in fp32 on a 2-core AVX2 EPYC, since the
-    kernel prefetches: 31 / 37 / 42 ms at 1 / 4 / 8 rows against oneDNN's 55-60). So where that kernel exists the
-    plain weight is kept beside the packed one, which costs the weights' memory once more. bf16 takes it too: on an
-    AVX512-BF16 EPYC (2 cores) the default model's linears from DRAM at 1 / 4 / 7 rows ran 7.9 / 7.9 / 8.4 ms against
-    oneDNN's bf16 GEMM at 8.4 / 8.7 / 9.6, and a decode step at 1 and 4 sequences went from 9.7-10.7 to 8.7-9.1 ms.
-    Where oneDNN cannot pack bf16 at all (no AVX512-BW/VL/DQ), more rows run its fp32 GEMM over the widened weight.
+    FMAs. There engine/csrc's `linear_small` streams the plain weight at close to the machine's read bandwidth (it
+    prefetches; oneDNN's GEMM stays further from it), so the plain weight is kept beside the packed one, at the cost
+    of the weights' memory once more. With AVX512-BF16, bf16 runs `linear_bf16` from SMALL_BF16_ROWS + 1 to BF16_ROWS
+    rows: vdpbf16ps multiplies and adds 32 bf16 pairs an instruction, where linear_small widens the weight and is
+    limited by its fp32 FMAs.
 
-    With AVX512-BF16, bf16 runs `linear_bf16` from 3 rows (5 before the tiles below) to 32: vdpbf16ps multiplies and
-    adds 32 bf16 pairs an instruction, where linear_small widens the weight and runs fp32 FMAs, the limit from 3-5
-    rows. The default model's linears from DRAM (a scratch A/B, medians of 10 rounds, plain layout, before the L2
-    requests below): 5.0 / 5.6 / 5.2 / 6.9 / 8.6 / 10.6 ms at 1 / 4 / 8 / 12 / 16 / 20 rows, against linear_small's
-    5.2 / 5.5 / 9.1 at 1 / 4 / 8 and oneDNN's 6.3 / 7.3 / 8.8 / 9.8 / 11.3 / 12.4; oneDNN was level at 24 rows and
-    ahead from 32.
-
-    bf16 weights (and the fp32 ones below that bf16 holds exactly) are kept for both kernels as tiles of 8 rows x 32
-    columns (`tile_bf16`): each group of 8 rows is one contiguous run, read front to back, where the plain layout had a
-    pass over a few rows read as many interleaved streams. On an AVX512-BF16 EPYC host (2 cores) that served one
-    sequential stream at 27-35 GB/s but the plain layout's streams at 13-18, the default model's linears, interleaved
-    in one process: linear_small 13.5 -> 8.5 ms at 1 row, 12.4 -> 8.1 at 2; linear_bf16 over tiles (8 weight rows by 3
-    rows of x, the next run requested while the group's later blocks compute from L1) 16.0 -> 10.0 ms at 3 rows,
-    15.8 -> 12.7 at 4, 15.0 -> 13.2 at 5, level from 8 (15.5) to 20 (25.8); the same bits as over the plain weight.
-    A bf16 decode step at 1 sequence: 15.1 -> 10.2 ms. linear_small keeps 1-2 rows, where it measured 5-15% ahead of
-    linear_bf16 over the same tiles (9.1 / 9.2 against 9.6 / 10.7 ms at 1 / 2 rows).
-
-    linear_bf16 then requested the run two ahead into L2 (not L1), a share of its lines in each block of rows, and
-    summed a row's 8 accumulators in one shuffle tree: same host, interleaved, 13.4 -> 9.4 ms at 4 rows, 17.0 -> 10.6
-    at 8, 18.9 -> 14.0 at 12, 22.1 -> 17.4 at 16 (L1 requests, all in the first block, had filled the core's few L1
-    miss buffers while the later blocks left memory idle); ahead of oneDNN now to 24 rows (22.2 vs 24.1 ms), level
-    at 32-48, behind at 64 (52.7 vs 49.2). A bf16 decode step at 4 / 8 / 16 sequences: 14.0 / 18.6 / 27.9 -> 10.6 /
-    13.2 / 22.5 ms.
-
-    An fp32 weight whose every value bf16 holds exactly (a drafter trained and saved in bf16) is kept for the kernel in
-    bf16, widened on load: the same values, so the same result to the bit, from half the bytes.
-
-    An fp32 weight whose values are Q8_0 values (an int8 times one fp16 scale per 32 values of a row: the default
-    model's tied embedding and lm_head, in its GGUF, and so the default drafter's draft-vocabulary lm_head) is kept for
-    the kernel as those int8s and scales: the same values again, from about a quarter of the bytes."""
+    The kernels read each weight in the layout memory serves fastest and in the fewest bytes that hold its values
+    exactly (the same result to the bit):
+    - bf16 as tiles of 8 rows x 32 columns (`tile_bf16`): each group of 8 rows is one contiguous run read front to
+      back, which memory serves much faster than the plain layout's interleaved per-row streams. linear_bf16 also
+      requests the run two ahead into L2 (L1 requests would fill the core's few miss buffers);
+    - fp32 whose every value bf16 holds exactly (a drafter trained and saved in bf16): bf16, widened on load;
+    - fp32 whose values are Q8_0 values (an int8 times one fp16 scale per 32 values of a row: the default model's
+      tied embedding and lm_head in its GGUF, and so the default drafter's draft-vocabulary lm_head): those int8s and
+      scales, about a quarter of the bytes.
+    The row limits below are where each path stopped winning on the CPUs we measured; see docs/benchmarks.md."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
-    SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32 (1.35x at 5-8 rows), bf16 and Q8_0
-    SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: 5-15% ahead of linear_bf16 at 1-2 rows, behind from 3
-    BF16_ROWS = 32  # linear_bf16 against oneDNN's bf16 GEMM: 1.4x at 8 rows, 1.1x at 16-24, level at 32-48
+    SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32, bf16 and Q8_0
+    SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: ahead of linear_bf16 at 1-2 rows, behind from 3
+    BF16_ROWS = 32  # linear_bf16 up to here: ahead of oneDNN's bf16 GEMM below 32 rows, level at 32-48
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
@@ -86,9 +66,9 @@ class Linear:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
             except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
                 if weight.dtype == torch.bfloat16:
-                    # There, F.linear's bf16 GEMM ran 5.7x slower than fp32 oneDNN (the default model at 64 rows: 924
-                    # against 163 ms). The widened weight holds the same values and a bf16 GEMM accumulates in fp32
-                    # too; the output is rounded to bf16 once, as there. The fp32 copy costs twice the weight's memory.
+                    # There F.linear's bf16 GEMM is several times slower than fp32 oneDNN. The widened weight holds
+                    # the same values and a bf16 GEMM accumulates in fp32 too; the output is rounded to bf16 once, as
+                    # there. The fp32 copy costs twice the weight's memory.
                     self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 64)
                     self._widened, self._bias32 = True, None if bias is None else bias.float()
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None

@@ -31,8 +31,8 @@ def cpu_kernels():
                 from torch.utils.cpp_extension import load
 
                 # -fno-trapping-math: under the default, GCC keeps any loop with a float compare (the clamp in the
-                # kernels' exp, a sign select) scalar, as the compare could raise an FP exception nobody reads. The
-                # softmax of attention and silu_mul ran scalar (silu_mul 4x slower than eager PyTorch at 64 rows).
+                # kernels' exp, a sign select) scalar, as the compare could raise an FP exception nobody reads; the
+                # softmax of attention and silu_mul then ran scalar, slower than eager PyTorch.
                 _kernels = load(name=f"dspark_cpu_kernels_{_cpu_tag()}", sources=[str(_SOURCE)],
                                 extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"],
                                 extra_ldflags=["-fopenmp"])

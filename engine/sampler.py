@@ -2,7 +2,7 @@
 
 Random rows are drawn by inverse CDF: one uniform per row picks the first token whose cumulative mass exceeds it, which
 draws exactly from p. (The exponential race, argmax of p / E with E ~ Exp(1), is exact too, but it draws a noise
-value for every vocabulary entry: 98 ms a step for 64 rows of 49k on this CPU, more than the forward.) A request with
+value for every vocabulary entry, which at a large batch costs more than the forward.) A request with
 a seed draws its uniform from its own generator, so its samples do not depend on what else is in the batch.
 """
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.spec_mode import parse_speculation
+
 
 MAX_LOGPROBS = 64
 
@@ -61,8 +63,6 @@ class SamplingParams:
         ):
             raise ValueError(f"target_tpot_s must be a positive number, got {self.target_tpot_s!r}")
         if self.speculation is not None:
-            from engine.spec_mode import parse_speculation
-
             parse_speculation(self.speculation)  # raises ValueError on a bad mode
 
     @property

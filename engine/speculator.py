@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draft_service.service import ContextSync, DraftWork
+from engine.acceptance import AcceptanceTracker
+from engine.draft_gate import DraftGate
+from engine.drafter import ContextSync, Drafter, DraftStep, DraftWork
 from engine.load import StepLoad
 from engine.ngram import NgramIndex
 from engine.rejection_sampler import verify_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
-from engine.spec_controller import (AcceptanceTracker, Candidate, DraftGate, StepCostModel,
-                                    choose_verify_lengths, latency_cap)
 from engine.spec_mode import SpecMode, parse_speculation
+from engine.step_cost import StepCostModel
+from engine.verify_length import Candidate, choose_verify_lengths, latency_cap
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE_S = 5.0
@@ -85,7 +87,7 @@ class SpecCounters:
 
 
 class Speculator:
-    def __init__(self, service, default_mode: SpecMode, cost: StepCostModel, budget: int):
+    def __init__(self, service: Drafter, default_mode: SpecMode, cost: StepCostModel, budget: int):
         self.service = service
         self.gamma = service.gamma
         self.default_mode = default_mode
@@ -222,7 +224,7 @@ class Speculator:
     def _tracker(self, seq: Sequence) -> AcceptanceTracker:
         return self.lookup_tracker if seq.spec.by_lookup else self.tracker
 
-    def _draft(self, seqs: list[Sequence]):
+    def _draft(self, seqs: list[Sequence]) -> DraftStep | None:
         syncs, work = [], []
         appended = catch_up = 0  # context tokens appended; of them, more than one step can add to a sequence
         for seq in seqs:

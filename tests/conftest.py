@@ -1,4 +1,5 @@
-"""Session fixtures: the default model's folder and tokenizer, and a tiny Llama with that tokenizer."""
+"""Shared fixtures: the default model's folder and tokenizer, a tiny Llama with that tokenizer (per session), and a
+local Ray with Serve's proxy on a free port (per test module)."""
 from __future__ import annotations
 
 import os
@@ -30,3 +31,14 @@ def default_tokenizer(default_model_dir):
 def tiny_dir(tmp_path_factory, default_tokenizer):
     """A tiny Llama with the default model's tokenizer (so text prompts and stop strings work)."""
     return make_tiny_model("llama", tmp_path_factory.mktemp("tiny-llama"), default_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def serve_port(request):
+    """The port of this test module's own local Ray and Serve (deployments.launch.local_serve), shut down after the
+    module; deploy apps there with deployments.launch.run_app. A module sizes the cluster with a SERVE_CLUSTER dict
+    of local_serve's arguments (num_cpus, object_store_mb)."""
+    from deployments.launch import local_serve
+
+    with local_serve(**getattr(request.module, "SERVE_CLUSTER", {})) as port:
+        yield port

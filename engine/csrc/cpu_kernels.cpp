@@ -1,6 +1,6 @@
 // Fused CPU kernels for the engine's decode path.
 //
-// On a small model the per-op dispatch cost of eager PyTorch (about 5-30 us per op on this CPU) rivals the matmuls,
+// On a small model the per-op dispatch cost of eager PyTorch rivals the matmuls,
 // and attention over gathered K/V copies every cached block once more per layer. These kernels fuse the elementwise
 // work of a layer into a few calls and attend straight from the paged cache. Every kernel accumulates in
 // at::opmath_type (float for bf16/fp16/fp32, double for fp64) and rounds where transformers rounds.
@@ -79,7 +79,7 @@ _Pragma("omp simd")
 // acc[i][0..64) = e_i @ w for up to kLowrankRows rows e_i [R] and one chunk w [R, 64] of W2^T packed by
 // engine.ops.lowrank_chunks, accumulated over r in order: the rows' 64-wide output slices stay in registers while the
 // chunk's 8 KB (bf16) stream past in one contiguous run, each weight converted once for all the rows. (Read from the
-// plain [R, V] layout, a row at a time, the whole Markov loop (markov_greedy) took 1.5x as long at batch 1, 2x at 4.)
+// plain [R, V] layout, a row at a time, the whole Markov loop (markov_greedy) was markedly slower.)
 constexpr int64_t kLowrankChunk = 64;
 constexpr int64_t kLowrankRows = 4;
 template <typename T, int64_t NB>
@@ -169,8 +169,7 @@ void check_rows(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
-// Rows per thread of the norms. add_rms_norm at 16 / 32 / 64 rows of 576 in bf16: 5.8 / 9.9 / 16.4 us on one thread
-// (a grain of 64, before), 5.2 / 5.9 / 9.9 us with this one (2 cores); level at 8 rows.
+// Rows per thread of the norms: small enough that a decode step's few rows already split across the cores.
 constexpr int64_t kNormGrain = 8;
 
 // out[t] = rms_norm(x[t]) * w
@@ -313,12 +312,11 @@ inline void to_acc<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t 
 
 constexpr int64_t kLanes = 16;  // keys (or head dims) per register-resident accumulator
 // Blocks of K (and V) requested ahead of the one being read. The hardware prefetcher does not run ahead across the
-// scattered 2 KB tiles of a block table: without this the kernel read the cache at 8-12 GB/s, with it at 17-20.
+// scattered 2 KB tiles of a block table; without this the kernel reads the cache well below the memory's bandwidth.
 constexpr int64_t kPrefetchBlocks = 2;  // 1 and 2 measured alike, 4 slower into L1, level into L2 (below)
 
-// Requested into L2 (prefetcht1), not L1: a block's 32-64 lines at once held the core's few L1 miss buffers. On an
-// AVX-512 EPYC host whose memory served few streams at a time, 30 layers at 64 x 110 keys: 13.3 -> 8.3 ms, at 16
-// sequences 2.8 -> 1.8 (in cache, 1-4 sequences, level).
+// Requested into L2 (prefetcht1), not L1: a block's 32-64 lines at once held the core's few L1 miss buffers, which
+// matters on hosts whose memory serves few streams at a time (in cache, at a few sequences, it is level).
 inline void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
@@ -917,10 +915,9 @@ constexpr int64_t kQ8Block = 32;
 
 // A bf16 weight [N, K] stored in tiles of 8 rows x 32 columns, [N / 8, K / 32, 8, 32]: each group of 8 rows is one
 // contiguous run of 8 * K values, which the kernels below read front to back. In the plain layout a pass over NJ rows
-// reads NJ interleaved streams of K values; on a 2-core EPYC whose memory was slow to answer scattered requests, a
-// 1-row product over the default model's linears read the plain layout at 13-18 GB/s and the tiles at 26-28, where a
-// plain sequential sum ran at 27-35 (the same machine, one process). Same values and the same order of operations:
-// the same bits as over the plain weight.
+// reads NJ interleaved streams of K values, which memory slow to answer scattered requests serves well below its
+// sequential bandwidth; the tiles read at close to it. Same values and the same order of operations: the same bits
+// as over the plain weight.
 struct TiledBF16 {
   const c10::BFloat16* t;
 };
@@ -940,11 +937,10 @@ inline vreg weight_at(const TiledBF16* w, int64_t row, int64_t k, int64_t K) {
   return Vec::load(w->t + tiled_offset(row, k, K));
 }
 
-// Prefetch the cache line of the weight at (row, k) (a prefetch never faults, even past the end) into L2: on the
-// AVX-512 EPYC host of the L2 requests in linear_bf16 (below), the fp32 model's linears at 1 / 2 / 4 / 8 rows 16.3 /
-// 16.9 / 19.5 / 27.4 -> 14.6 / 14.6 / 15.5 / 22.3 ms against requests into L1 (on the AVX2 EPYC they measured the
-// same). Tiles are read in address order, which the hardware prefetcher follows unaided (software prefetches there
-// measured slower, into L1 and L2 alike).
+// Prefetch the cache line of the weight at (row, k) (a prefetch never faults, even past the end) into L2, not L1:
+// faster on the AVX-512 host of linear_bf16's L2 requests (below), the same on AVX2. Tiles are read in address
+// order, which the hardware prefetcher follows unaided (software prefetches there measured slower, into L1 and L2
+// alike).
 template <typename W>
 inline void prefetch_at(const W* w, int64_t row, int64_t k, int64_t K) {
   _mm_prefetch(reinterpret_cast<const char*>(w + row * K + k), _MM_HINT_T1);
@@ -963,8 +959,7 @@ constexpr int64_t weight_bytes<TiledBF16>() { return 2; }
 // y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows, and
 // the M x NJ sums stay in registers over the whole of K, as independent FMA chains. Each cache line of the weight
 // rows two passes ahead is prefetched: NJ interleaved row streams of 1-3 KB each are too short for the hardware
-// prefetcher. With it (AVX2 EPYC, the default model's layers from DRAM), bf16 weights ran 1.25x faster at 1 row and
-// 1.6x at 4, fp32 1.25x at 4 rows, and fp32 at 5-8 rows went from level with oneDNN to 1.35x faster.
+// prefetcher; with the prefetch, fp32 at 5-8 rows went from level with oneDNN to ahead of it.
 template <int M, int NJ, typename T, typename W>
 inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
   vreg acc[M][NJ];
@@ -1002,7 +997,8 @@ void linear_rows(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t
   } else {
     // Rows 0-3 of x, then the rest, over each chunk of weight rows: the chunk comes from memory once and from L2 the
     // second time, and each pass keeps several weight rows in registers (with all M rows at once the registers hold
-    // one: on AVX2, 7 rows ran at 0.6x the weight throughput of 4). Every output is the same dot product, to the bit.
+    // one, and on AVX2 7 rows then ran well below the weight throughput of 4). Every output is the same dot product,
+    // to the bit.
     constexpr int NA = rows_per_pass<4>(), NB = rows_per_pass<M - 4>();
     constexpr int64_t chunk = 32;  // weight rows: 72 KB of fp32 at K = 576, a multiple of NA and NB
     at::parallel_for(0, N / chunk, 2, [&](int64_t b, int64_t e) {
@@ -1219,10 +1215,9 @@ inline void tile_dot_bf16(const c10::BFloat16* x, const c10::BFloat16* run, cons
 
 // All M rows of x against run g: blocks of 3 rows (24 sums, 3 vectors of x and one of the weight in registers), the
 // run from L2 for the first and from L1 for the rest. The run two ahead goes to L2 (_MM_HINT_T1): requests into L1,
-// all in the first block, held the core's few L1 miss buffers and left memory idle during the later blocks (with
-// them, 8 rows of x took as long as compute plus memory; with these, 1.6x less at 8 rows, 1.3x at 16). A single
-// block (up to 3 rows) reads the runs as one stream, which the hardware prefetcher follows: requests there measured
-// 10-16% slower at 3 rows.
+// all in the first block, held the core's few L1 miss buffers and left memory idle during the later blocks (8 rows
+// of x then took as long as compute plus memory; into L2 they overlap). A single block (up to 3 rows) reads the runs
+// as one stream, which the hardware prefetcher follows: requests there measured slower.
 void tiles_group_bf16(int64_t M, const c10::BFloat16* x, const c10::BFloat16* tiles, const c10::BFloat16* bias,
                       c10::BFloat16* y, int64_t K, int64_t N, int64_t g) {
   const c10::BFloat16* run = tiles + g * kTileRows * K;
@@ -1307,11 +1302,9 @@ at::Tensor run_linear(const at::Tensor& x, int64_t kind, const c10::optional<at:
 // DecoderLM.forward's loop over the decoder layers in one call (the drafter's block_hidden_paged runs its draft layers
 // through it too, causal=false), for a step where every sequence is in the attention kernel's group (decodes and
 // verify segments, no prefill chunk): the same kernels and GEMMs in the same order, so the same bits, without the
-// Python loop's 9 calls a layer through pybind (the GIL taken back after each). The default model's bf16 decode
-// step, passes alternating in one engine (medians of 3): 9.85 -> 9.69 ms at 1 sequence, 11.76 -> 11.29 at 4,
-// 21.9 -> 20.7 at 16 (level in a second A/B), 70.5 -> 65.9 at 64. h [T, d] (the embeddings) becomes the last layer's
-// output in place; the outputs of the layers in tap_layers are copied into taps [T, len(tap_layers) * d] in that
-// order.
+// Python loop's 9 calls a layer through pybind (the GIL taken back after each). h [T, d] (the embeddings) becomes
+// the last layer's output in place; the outputs of the layers in tap_layers are copied into taps
+// [T, len(tap_layers) * d] in that order.
 void decoder_layers(at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                     const at::Tensor& cu_q, const at::Tensor& ctx_len, const at::Tensor& block_tables,
                     const std::vector<c10::optional<at::Tensor>>& params, const std::vector<int64_t>& kinds,

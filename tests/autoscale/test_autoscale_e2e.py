@@ -11,27 +11,22 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import threading
 import time
-import uuid
 
 import pytest
+
+from deployments.launch import run_app
 
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow
+SERVE_CLUSTER = dict(num_cpus=4, object_store_mb=100)  # tests/conftest.py's serve_port
 
 MAX_REQUESTS = 60  # the load is bounded: at most this many requests, and only until the scale-up is seen
 CONCURRENCY = 6
 POLICY_KWARGS = dict(queue_up=1.0, upscale_delay_s=1.0, up_cooldown_s=2.0, drain_horizon_s=0.0, trend_s=1.0,
                      downscale_delay_s=3.0, down_cooldown_s=2.0, start_timeout_s=120.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def running_replicas(app: str) -> int:
@@ -53,10 +48,7 @@ def wait_replicas(app: str, want, timeout: float) -> tuple[int, float]:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory, default_tokenizer):
-    from ray import serve
-
-    from deployments.app import build_app
+def app(serve_port, tmp_path_factory, default_tokenizer):
     from deployments.config import DeploymentOptions, LLMServingConfig
     from engine import EngineConfig
     from tests.helpers import make_tiny_model
@@ -74,19 +66,8 @@ def app(tmp_path_factory, default_tokenizer):
     assert "num_replicas" not in options
     assert options["autoscaling_config"]["upscale_delay_s"] == options["autoscaling_config"]["downscale_delay_s"] == 0
     assert options["autoscaling_config"]["policy"]["policy_kwargs"]["max_num_seqs"] == 2  # from the engine
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
-    name = f"dspark-autoscale-{uuid.uuid4().hex[:8]}"
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(config), name=name, route_prefix="/")
-        base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/-/routes", timeout=10).json() == {"/": name}
-        yield name, base
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    app = run_app(config, serve_port)
+    return app.name, app.base
 
 
 def test_load_scales_up_and_idle_scales_back_down(app):

@@ -11,8 +11,8 @@ import pytest
 from autoscale.policy import PolicyParams
 from autoscale.simulator import FleetSpec, ReplicaSpec, _Shared, simulate
 from autoscale.trace import ArrayTrace, LengthDist, SyntheticTrace, diurnal, step_load
-from engine.spec_controller import Candidate, choose_verify_lengths
 from engine.spec_mode import SpecMode
+from engine.verify_length import Candidate, choose_verify_lengths
 
 # A small replica (32 sequences) and short requests keep these runs to about a second.
 SMALL = ReplicaSpec(max_num_seqs=32, max_num_batched_tokens=512, kv_capacity_tokens=100_000)

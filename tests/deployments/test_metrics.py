@@ -8,10 +8,7 @@ engine's own (`LLMServer.stats()`) once idle.
 """
 from __future__ import annotations
 
-import os
-import socket
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -20,6 +17,7 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
+from deployments.launch import run_app
 from deployments.metrics import IngressMetrics, ReplicaMetrics, render
 
 COUNTERS = ["dspark:generation_tokens_total", "dspark:prompt_tokens_total", "dspark:request_success_total",
@@ -98,12 +96,6 @@ def test_render_names_labels_and_engine_counters():
     assert 2.5 < value(samples, "dspark:metrics_age_seconds", replica="r2") < 10
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def replica_stats(handle, n: int, timeout: float = 60) -> dict[str, dict]:
     """`stats()` of each of the n LLM replicas (the router picks replicas at random)."""
     seen: dict[str, dict] = {}
@@ -116,10 +108,7 @@ def replica_stats(handle, n: int, timeout: float = 60) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, default_tokenizer):
-    from ray import serve
-
-    from deployments.app import build_app
+def server(serve_port, tmp_path_factory, default_tokenizer):
     from deployments.config import LLMServingConfig
     from engine import EngineConfig
     from tests.helpers import make_tiny_model
@@ -132,20 +121,9 @@ def server(tmp_path_factory, default_tokenizer):
                               drafter=str(drafter), speculation="fixed:3", max_num_seqs=4,
                               max_num_batched_tokens=128)
     config = LLMServingConfig(engine=engine_cfg, served_model_name="tiny", drafter_mode="actor", num_replicas=2)
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=8, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
-    app_name = f"dspark-metrics-{uuid.uuid4().hex[:8]}"
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(config), name=app_name, route_prefix="/")
-        base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/-/routes", timeout=10).json() == {"/": app_name}
-        handle = serve.get_deployment_handle("LLMServer", app_name=app_name)
-        yield SimpleNamespace(base=base, handle=handle, replicas=set(replica_stats(handle, 2)))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    app = run_app(config, serve_port)
+    handle = app.handle()
+    return SimpleNamespace(base=app.base, handle=handle, replicas=set(replica_stats(handle, 2)))
 
 
 def scrape(server) -> list[tuple[str, dict, float]]:

@@ -8,13 +8,12 @@ from inside its actor.
 from __future__ import annotations
 
 import os
-import socket
 import time
-import uuid
 
 import pytest
 
 from deployments.config import DeploymentOptions, DraftActorOptions, LLMServingConfig
+from deployments.launch import free_port, run_app
 from engine import EngineConfig
 from tests.helpers import make_tiny_model
 from tests.helpers import make_tiny_drafter
@@ -50,8 +49,6 @@ def cluster():
 def test_replicas_and_draft_actors_share_node_and_gpu(cluster, tmp_path_factory, default_tokenizer):
     from ray import serve
 
-    from deployments.app import build_app
-
     _, worker_ids = cluster
     folder = tmp_path_factory.mktemp("placement")
     target = make_tiny_model("llama", folder / "target", default_tokenizer)
@@ -63,14 +60,11 @@ def test_replicas_and_draft_actors_share_node_and_gpu(cluster, tmp_path_factory,
         llm=DeploymentOptions(ray_actor_options={"num_cpus": 1, "num_gpus": 0.5}),
         draft_actor=DraftActorOptions(num_cpus=1, num_gpus=0.5))
     assert config.llm_deployment_options()["placement_group_bundles"] == [{"CPU": 2.0, "GPU": 1.0}]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = f"placement-{uuid.uuid4().hex[:8]}"
+    port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(config), name=app, route_prefix="/")
+    app = run_app(config, port)
 
-    handle = serve.get_deployment_handle("LLMServer", app_name=app)
+    handle = app.handle()
     seen: dict[str, dict] = {}
     deadline = time.monotonic() + 120
     while len(seen) < REPLICAS and time.monotonic() < deadline:  # the router picks replicas at random
@@ -86,7 +80,7 @@ def test_replicas_and_draft_actors_share_node_and_gpu(cluster, tmp_path_factory,
     assert {i["node_id"] for i in seen.values()} == set(worker_ids)
 
     # And the app answers over HTTP through this cluster, drafting on the co-located actors.
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+    r = httpx.post(f"{app.base}/v1/completions", timeout=60,
                    json={"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["metrics"]["speculative_decoding"]["num_spec_steps"] > 0

@@ -10,27 +10,22 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-ray = pytest.importorskip("ray")
-httpx = pytest.importorskip("httpx")
-pytestmark = pytest.mark.slow
+from deployments.launch import free_port, run_app
 
+pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
+NO_PROMETHEUS = "no prometheus binary (apt-get install -y prometheus; scripts/setup.sh --test installs it)"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)]
+SERVE_CLUSTER = dict(num_cpus=4, object_store_mb=100)  # tests/conftest.py's serve_port
 LOAD_S = 15.0  # seconds of requests: well over a few scrapes, inside the dashboard's 1m rate window
 MAX_REQUESTS = 400
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(fn, timeout: float, what: str, interval: float = 0.5):
@@ -47,17 +42,12 @@ def wait_for(fn, timeout: float, what: str, interval: float = 0.5):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory, default_tokenizer):
-    from ray import serve
-
-    from deployments.app import build_app
+def app(serve_port, tmp_path_factory, default_tokenizer):
     from deployments.config import LLMServingConfig
     from engine import EngineConfig
     from tests.helpers import make_tiny_model
     from tests.helpers import make_tiny_drafter
 
-    if PROMETHEUS is None:
-        pytest.skip("no prometheus binary (apt-get install -y prometheus; scripts/setup.sh --test installs it)")
     folder = tmp_path_factory.mktemp("prom-app")
     target = make_tiny_model("llama", folder / "target", default_tokenizer)
     drafter = make_tiny_drafter(folder / "drafter", len(default_tokenizer))
@@ -66,19 +56,7 @@ def app(tmp_path_factory, default_tokenizer):
                               max_num_batched_tokens=128)
     # One replica, drafter in-process: the cheapest app that speculates (the queries aggregate over replicas).
     config = LLMServingConfig(engine=engine_cfg, served_model_name="tiny", drafter_mode="in_process")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
-    app_name = f"dspark-prom-{uuid.uuid4().hex[:8]}"
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(config), name=app_name, route_prefix="/")
-        base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/-/routes", timeout=10).json() == {"/": app_name}
-        yield base
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    return run_app(config, serve_port).base
 
 
 @pytest.fixture(scope="module")

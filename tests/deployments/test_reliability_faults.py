@@ -31,6 +31,7 @@ import pytest
 
 from bench import reliability as rel
 from deployments.config import RateLimitOptions
+from deployments.launch import run_app
 
 pytestmark = pytest.mark.slow
 
@@ -38,17 +39,13 @@ RATE = RateLimitOptions(requests_per_s=0.05, burst=3, key="api_key")  # one requ
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(serve_port, tmp_path_factory):
     folder = tmp_path_factory.mktemp("faults")
     target, drafter = rel.tiny_models(folder)
     broken = rel.broken_drafter(folder / "broken-drafter", drafter)
-    port = rel.start_cluster(num_cpus=8)
-    try:
-        app = rel.deploy(port, rel.faults_config(target, drafter))
-        degraded = rel.deploy(port, rel.faults_config(target, broken, rate_limit=RATE), prefix="/degraded")
-        yield SimpleNamespace(port=port, app=app, degraded=degraded, target=target, drafter=drafter)
-    finally:
-        rel.stop_cluster()
+    app = run_app(rel.faults_config(target, drafter), serve_port)
+    degraded = run_app(rel.faults_config(target, broken, rate_limit=RATE), serve_port, route_prefix="/degraded")
+    return SimpleNamespace(port=serve_port, app=app, degraded=degraded, target=target, drafter=drafter)
 
 
 def report(record_property, name: str, result: dict) -> None:

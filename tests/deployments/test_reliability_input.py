@@ -26,6 +26,7 @@ import pytest
 
 from bench import reliability as rel
 from deployments.config import LLMServingConfig, RateLimitOptions, RequestLimits
+from deployments.launch import run_app
 from deployments.ratelimit import TokenBuckets, client_key, retry_after_header
 
 LIMITS = RequestLimits(max_tokens=16, default_chat_max_tokens=16, max_n=4, max_choices=8, max_stop=4,
@@ -79,16 +80,12 @@ def test_rate_limit_config_defaults_off_and_loads_from_the_serve_yaml():
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(serve_port, tmp_path_factory):
     folder = tmp_path_factory.mktemp("input")
     target, drafter = rel.tiny_models(folder, vocab_size=None, max_positions=1024)
-    port = rel.start_cluster(num_cpus=8)
-    try:
-        config = rel.faults_config(target, drafter, kv_gb=0.02, max_num_seqs=16, limits=LIMITS)
-        config.engine.speculation = "adaptive"
-        yield SimpleNamespace(app=rel.deploy(port, config), port=port, target=target, engine_cfg=config.engine)
-    finally:
-        rel.stop_cluster()
+    config = rel.faults_config(target, drafter, kv_gb=0.02, max_num_seqs=16, limits=LIMITS)
+    config.engine.speculation = "adaptive"
+    return SimpleNamespace(app=run_app(config, serve_port), port=serve_port, target=target, engine_cfg=config.engine)
 
 
 @pytest.fixture(scope="module")

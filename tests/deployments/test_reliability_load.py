@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from bench import reliability as rel
+from deployments.launch import run_app
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +24,9 @@ BURST, DISTINCT, MAX_TOKENS, WARMUP = 256, 16, 16, 256
 
 
 @pytest.fixture(scope="module")
-def served():
-    port = rel.start_cluster(num_cpus=8)
-    try:
-        config = rel.load_config()
-        yield rel.deploy(port, config), config
-    finally:
-        rel.stop_cluster()
+def served(serve_port):
+    config = rel.load_config()
+    return run_app(config, serve_port), config
 
 
 def test_burst_of_256_streams_loses_nothing_and_leaks_nothing(served, record_property):

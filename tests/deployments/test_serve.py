@@ -2,47 +2,37 @@
 answers equal to the in-process engine, speculative metrics, bad input -> 4xx in OpenAI's error shape, a full queue
 -> 429, and client disconnects freeing the engine's KV blocks and draft contexts.
 
-One module-scoped local Ray cluster per layout (the LLM replica behind an ingress deployment, or serving HTTP
-itself), one app on a free port, tiny random models (float64, so greedy comparisons are
+One module-scoped local Ray and Serve (tests/conftest.py's serve_port) running one app per layout in turn (the LLM
+replica behind an ingress deployment, or serving HTTP itself), tiny random models (float64, so greedy comparisons are
 exact) and a tiny random drafter in a co-located draft actor with `fixed:3` speculation, so speculation really runs.
 """
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-import uuid
 from types import SimpleNamespace
 
 import pytest
 
 from deployments.config import LLMServingConfig, RequestLimits
+from deployments.launch import run_app
 from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.helpers import make_tiny_model
 from tests.helpers import make_tiny_drafter
 
 httpx = pytest.importorskip("httpx")
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 SPEC_KEYS = {"mean_acceptance_length", "acceptance_rate", "num_spec_steps", "num_draft_tokens", "num_accepted_tokens"}
 LONG = {"max_tokens": 900, "ignore_eos": True, "temperature": 0}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=["in_replica", "separate"])
-def server(request, tmp_path_factory, default_tokenizer):
+def server(request, serve_port, tmp_path_factory, default_tokenizer):
     """Both layouts: an ingress deployment in front of the LLM replica (the default), and the replica serving HTTP
-    itself."""
+    itself. Each layout's app is deleted before the next one takes the route "/"."""
     from ray import serve
-
-    from deployments.app import build_app
 
     folder = tmp_path_factory.mktemp("serve")
     target = make_tiny_model("llama", folder / "target", default_tokenizer)
@@ -53,20 +43,11 @@ def server(request, tmp_path_factory, default_tokenizer):
     config = LLMServingConfig(engine=engine_cfg, served_model_name="tiny", drafter_mode="actor",
                               ingress_mode=request.param,
                               limits=RequestLimits(max_body_bytes=64 * 1024, max_n=4, max_stop=4, max_tokens=2048))
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=8, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
-    app_name = f"dspark-test-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    app = run_app(config, serve_port)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(config), name=app_name, route_prefix="/")
-        base = f"http://127.0.0.1:{port}"
-        # Serve binds with SO_REUSEPORT: make sure this port answers with our own app.
-        assert httpx.get(f"{base}/-/routes", timeout=10).json() == {"/": app_name}
-        yield SimpleNamespace(base=base, config=config, engine_cfg=engine_cfg, tokenizer=default_tokenizer)
+        yield SimpleNamespace(base=app.base, config=config, engine_cfg=engine_cfg, tokenizer=default_tokenizer)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete(app.name)
 
 
 @pytest.fixture(scope="module")

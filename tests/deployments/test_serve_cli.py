@@ -7,7 +7,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from deployments.launch import free_port
 from tests.helpers import make_tiny_model
 from tests.helpers import make_tiny_drafter
 
@@ -39,9 +39,7 @@ def ray_processes(tmpdir: str) -> list[psutil.Process]:
 def test_dspark_serve_starts_answers_and_stops_cleanly(tmp_path, default_tokenizer):
     target = make_tiny_model("llama", tmp_path / "target", default_tokenizer)
     drafter = make_tiny_drafter(tmp_path / "drafter", len(default_tokenizer))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)

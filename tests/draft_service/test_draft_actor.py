@@ -71,7 +71,7 @@ def test_packed_tap_rows_survive_serialization_exactly(dtype):
     from ray import cloudpickle
 
     from draft_service.actor import pack_syncs, unpack_syncs
-    from draft_service.service import ContextSync
+    from engine.drafter import ContextSync
 
     rows = torch.randn(40, 12).to(dtype)
     syncs = [ContextSync("a", 3, rows[5:7]), ContextSync("b", 0, None), ContextSync("c", 9, rows[10:10]),
@@ -91,7 +91,7 @@ def test_actor_drafts_equal_in_process_drafts(ray_cluster, models):
                               draft_context_tokens(target, cfg, torch.float64, torch.device("cpu")), num_cpus=1)
     proxy = DraftServiceProxy(actor)
     assert (proxy.gamma, proxy.tap_layers) == (local.speculator.service.gamma, local.speculator.service.tap_layers)
-    remote = LLMEngine(cfg, draft_service=proxy)
+    remote = LLMEngine(cfg, drafter_factory=lambda target: proxy)
     prompts = ["Hello there", "The quick brown fox", [5, 6, 7, 8, 9]]
     for params in (SamplingParams(max_tokens=20, ignore_eos=True),
                    SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.9, seed=3, speculation="fixed:3")):
@@ -112,7 +112,7 @@ def test_engine_survives_the_actor_dying_and_rebuilds_contexts(ray_cluster, mode
                               draft_context_tokens(target, cfg, torch.float64, torch.device("cpu")), num_cpus=1,
                               max_restarts=2)
     proxy = DraftServiceProxy(actor)
-    engine = LLMEngine(cfg, draft_service=proxy)
+    engine = LLMEngine(cfg, drafter_factory=lambda target: proxy)
     spec = engine.speculator
     first = proxy.info["incarnation"]
     prompts = ["Hello there", "Once upon a time", "A B C"]
@@ -141,7 +141,7 @@ def test_engine_survives_the_actor_dying_and_rebuilds_contexts(ray_cluster, mode
 
 
 def test_actor_refuses_contexts_it_lost(ray_cluster, models):
-    from draft_service.service import ContextSync, DraftWork
+    from engine.drafter import ContextSync, DraftWork
 
     target, drafter = models
     actor = start_draft_actor(str(drafter), str(target), "float64", "cpu", 4096, num_cpus=1)

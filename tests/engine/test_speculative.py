@@ -15,7 +15,8 @@ from draft_service.model import DSparkDrafter
 from draft_service.train import TrainConfig, train
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine import rejection_sampler
-from engine.spec_controller import Curve, DraftGate, StepCostModel
+from engine.draft_gate import DraftGate
+from engine.step_cost import Curve, StepCostModel
 from tests.helpers import make_tiny_model
 
 TAPS = [0, 2]
@@ -37,23 +38,44 @@ def make_predictable_target(folder, tokenizer, vocab=128, seed=3, scale=0.2):
     return path
 
 
+def train_drafter(target_dir, folder):
+    """A drafter trained on the target's own greedy answers (so its drafts are often accepted), the same weights every
+    run: `train` seeds itself (TrainConfig.seed) and takes the samples in a seeded order, and one thread keeps the
+    float sums of the answers and of training independent of the machine's core count."""
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", device="cpu", tap_layers=TAPS,
+                                        kv_cache_memory_gb=0.05))
+        prompts = [{"id": f"p{i}", "token_ids": p} for i, p in enumerate(random_prompts(64, seed=100))]
+        generate_cache(engine, prompts, folder / "cache", temperatures=[0.0], max_tokens=40, topk=8)
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+        tc = TrainConfig(steps=200, samples_per_step=4, anchors_per_sample=16, draft_vocab_size=128, lr=3e-3,
+                         eval_every=200, checkpoint_every=200, mask_token_id=0, gamma=5, markov_rank=32)
+        cache = Cache(folder / "cache")
+        train(target, cache, cache, folder / "run", tc, TAPS, [2], log=lambda *_: None)
+    finally:
+        torch.set_num_threads(threads)
+    return folder / "run" / "drafter"
+
+
 @pytest.fixture(scope="module")
 def trained_pair(tmp_path_factory, default_tokenizer):
     """A tiny target and a drafter trained on its own answers (so drafts are often accepted)."""
     folder = tmp_path_factory.mktemp("spec")
     target_dir = make_predictable_target(folder / "target", default_tokenizer)
-    engine = LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", device="cpu", tap_layers=TAPS,
-                                    kv_cache_memory_gb=0.05))
-    prompts = [{"id": f"p{i}", "token_ids": p} for i, p in enumerate(random_prompts(64, seed=100))]
-    generate_cache(engine, prompts, folder / "cache", temperatures=[0.0], max_tokens=40, topk=8)
-    from transformers import AutoModelForCausalLM
+    return target_dir, train_drafter(target_dir, folder)
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    tc = TrainConfig(steps=200, samples_per_step=4, anchors_per_sample=16, draft_vocab_size=128, lr=3e-3,
-                     eval_every=200, checkpoint_every=200, mask_token_id=0, gamma=5, markov_rank=32)
-    cache = Cache(folder / "cache")
-    train(target, cache, cache, folder / "run", tc, TAPS, [2], log=lambda *_: None)
-    return target_dir, folder / "run" / "drafter"
+
+@pytest.fixture(scope="module")
+def looping_pair(tmp_path_factory, default_tokenizer):
+    """A target whose greedy answers loop (so lookup finds copies) and a drafter trained on that target: a drafter
+    trained on another target has its drafts accepted only by chance (none, on some machines)."""
+    folder = tmp_path_factory.mktemp("looping")
+    target_dir = make_predictable_target(folder / "target", default_tokenizer, seed=4, scale=0.005)
+    return target_dir, train_drafter(target_dir, folder)
 
 
 def run(engine, prompts, params, join_every=0):
@@ -116,13 +138,12 @@ def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, tmp_path
     assert sum(m["acceptance_histogram"]) == m["num_spec_steps"]
 
 
-def test_closed_lookup_gate_hands_copies_to_the_drafter(trained_pair, tmp_path, default_tokenizer):
+def test_closed_lookup_gate_hands_copies_to_the_drafter(looping_pair):
     """adaptive+lookup where verifying copies has not paid (the lookup gate closed at every load, never probing): the
     sequences lookup would have taken join the draft round instead, and the output is still plain decoding's."""
-    from engine.spec_controller import _GateState
+    from engine.draft_gate import _GateState
 
-    _, drafter_dir = trained_pair
-    target_dir = make_predictable_target(tmp_path / "looping", default_tokenizer, seed=4, scale=0.005)
+    target_dir, drafter_dir = looping_pair
     common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
     plain = LLMEngine(EngineConfig(**common))
     spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation="adaptive+lookup"))

@@ -1,12 +1,20 @@
-"""The `dspark` command line."""
+"""The `dspark` command line: generate offline, train and calibrate a drafter, serve the OpenAI API."""
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
+
+from deployments.config import LLMServingConfig
+from draft_service.pipeline import DEFAULT_TAPS, calibrate, parse_temperatures, train_drafter
+from draft_service.train import TrainConfig
+from engine import LLM, EngineConfig, SamplingParams
+from engine.loader import resolve_model
 
 DEFAULT_QUESTIONS = [
     "What is the capital of France?",
@@ -26,8 +34,6 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
-
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
               **({"drafter": args.drafter} if args.drafter else {}),
               **({"speculation": args.speculation} if args.speculation else {}))
@@ -53,9 +59,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from draft_service.pipeline import DEFAULT_TAPS, parse_temperatures, train_drafter
-    from draft_service.train import TrainConfig
-
     tc = TrainConfig(layers=args.layers, markov_rank=args.markov_rank, gamma=args.gamma,
                      draft_vocab_size=args.draft_vocab, anchors_per_sample=args.anchors,
                      samples_per_step=args.samples_per_step, steps=args.steps, lr=args.lr, seed=args.seed,
@@ -71,8 +74,6 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from draft_service.pipeline import calibrate
-
     result = calibrate(Path(args.drafter), Path(args.cache), model=args.model)
     print(json.dumps({k: result[k] for k in ("temperatures", "ece_before", "ece_after")}, indent=1))
     return 0
@@ -80,17 +81,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Deploy the OpenAI-compatible app (deployments/app.py) and serve until Ctrl-C / SIGTERM."""
-    import os
-    import signal
-
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local dev cluster; set before Ray is imported
     import ray
     from ray import serve
 
-    from deployments.app import build_app
-    from deployments.config import LLMServingConfig
-    from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from deployments.app import build_app  # imports Ray Serve: here, after the line above
 
     resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
     engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,

@@ -1,0 +1,71 @@
+"""The step-cost model: curves that follow measured steps and read monotone."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from engine.step_cost import Curve, StepCostModel, isotonic
+
+
+def test_step_cost_model_tracks_measurements():
+    curve = Curve([1, 16, 64], [0.02, 0.03, 0.05], alpha=0.5)
+    for _ in range(30):
+        curve.observe(16, 0.04)
+    assert curve.at(16) == pytest.approx(0.04, rel=1e-3)
+    assert curve.at(1) < curve.at(8) < curve.at(16) < curve.at(64)
+    assert curve.at(128) == pytest.approx(2 * curve.at(64))
+    # Steps between grid points correct the curve where they land (moving each neighbour towards the observed time
+    # instead left the curve 18% high at 40 tokens here).
+    truth = lambda b: 0.02 + 0.001 * b  # noqa: E731
+    line = Curve([1, 16, 64, 128], [truth(1), truth(16), 0.5 * truth(64), truth(128)], alpha=0.2)
+    for _ in range(1000):
+        for b in (8, 40, 100, 120):
+            line.observe(b, truth(b))
+    for b in (8, 40, 100, 120):
+        assert line.at(b) == pytest.approx(truth(b), rel=0.01), b
+    cost = StepCostModel(curve, Curve([1, 64], [0.004, 0.010]))
+    assert cost.step_seconds(16, 0) == pytest.approx(0.04, rel=1e-3)
+    assert cost.step_seconds(16, 64) == pytest.approx(0.05, rel=1e-3)
+
+
+def test_curve_follows_the_machine_speed_at_every_point():
+    """The machine slows down 2x while only 1-token steps run (concurrency 1, nothing verified): the points not
+    seen slow down with it, so the curve's slope, which Algorithm 1 weighs, keeps its shape."""
+    grid, base = [1, 2, 4, 8, 16, 64], [0.020, 0.021, 0.022, 0.024, 0.030, 0.050]
+    curve = Curve(grid, list(base))
+    for _ in range(50):
+        curve.observe(1, 0.040)
+    assert curve.at(1) == pytest.approx(0.040, rel=0.05)
+    for x, b in zip(grid[1:], base[1:]):
+        assert 1.7 < curve.at(x) / b <= 2.0, (x, curve.at(x) / b)
+    # 7 more tokens cost 20% more in truth. Points that kept their old speed would read 8 tokens as cheaper than 1
+    # (flattened to a free ride by the monotone fit); with the factor most of the slope remains.
+    slope = (curve.at(8) - curve.at(1)) / curve.at(1)
+    assert 0.08 < slope <= 0.2, slope
+
+
+def test_isotonic_matches_brute_force_least_squares():
+    rng = random.Random(3)
+    for _ in range(200):
+        values = [round(rng.uniform(0, 1), 1) for _ in range(rng.randint(1, 6))]
+        fit = isotonic(values)
+        assert all(a <= b + 1e-12 for a, b in zip(fit, fit[1:]))
+        # The best non-decreasing fit on a fine grid of levels is no better than PAVA's.
+        levels = [i / 20 for i in range(21)]
+        best = min(sum((v - f) ** 2 for v, f in zip(values, fs))
+                   for fs in itertools.combinations_with_replacement(levels, len(values)))
+        assert sum((v - f) ** 2 for v, f in zip(values, fit)) <= best + 1e-9
+
+
+def test_curve_reads_are_monotone_and_admission_ignores_a_noisy_dip():
+    """A forward of 2 tokens measured faster than one of 1 (noise) must not make verifying look free."""
+    noisy = Curve([1, 2, 4, 8], [0.0317, 0.0246, 0.0323, 0.0312])
+    reads = [noisy.at(x) for x in range(1, 12)]
+    assert all(a <= b for a, b in zip(reads, reads[1:])), reads
+    assert noisy.seconds == [0.0317, 0.0246, 0.0323, 0.0312]  # the raw points still follow the data
+    for _ in range(200):
+        for x, t in ((1, 0.020), (2, 0.021), (4, 0.023), (8, 0.027)):
+            noisy.observe(x, t)
+    assert [round(noisy.at(x), 4) for x in (1, 2, 4, 8)] == [0.020, 0.021, 0.023, 0.027]
