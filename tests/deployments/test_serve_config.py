@@ -11,7 +11,7 @@ from deployments.config import DeploymentOptions, DraftActorOptions, LLMServingC
 from deployments.openai_protocol import (ChatCompletionRequest, CompletionRequest, SpeculativeDecodingMetrics,
                                          validation_message)
 
-SERVE_YAML = Path(__file__).resolve().parent.parent / "configs" / "serve.yaml"
+SERVE_YAML = Path(__file__).resolve().parents[2] / "configs" / "serve.yaml"
 
 
 def test_serve_yaml_is_a_valid_serve_config_and_builds_the_app():
