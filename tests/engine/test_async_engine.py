@@ -73,35 +73,24 @@ def test_generate_streams_deltas_equal_to_the_engine(engine):
 
 
 def test_min_interval_coalesces_deltas_but_never_holds_the_first_or_the_last(engine):
-    """A stream with min_interval_s sends its deltas at most that often, merged in between, with the same tokens
-    and text; the first delta goes out at once and the last as soon as the request finishes."""
+    """A stream with min_interval_s merges the deltas in between into one, with the same tokens and text; the first
+    delta goes out at once and the last as soon as the request finishes. With an interval of an hour, a held delta
+    would time the test out: no clock is read."""
     params = SamplingParams(max_tokens=300, ignore_eos=True)
     want = reference(engine, "Hello there", params)  # before the engine thread starts: one stepper at a time
-    interval = 0.15
     aengine = AsyncLLMEngine(engine)
 
     async def main():
-        t0 = time.monotonic()
-        stream = await aengine.add_request("co", "Hello there", params, min_interval_s=interval)
-        outs, times = [], []
-        async for out in stream:
-            outs.append(out)
-            times.append(time.monotonic())
-        return t0, outs, times
+        stream = await aengine.add_request("co", "Hello there", params, min_interval_s=3600.0)
+        return [out async for out in stream]
 
     try:
-        t0, outs, times = asyncio.run(main())
+        outs = asyncio.run(asyncio.wait_for(main(), 120))
     finally:
         aengine.shutdown()
+    assert len(outs) == 2 and not outs[0].finished and outs[1].finished  # the first at once, then the rest merged
     assert [t for o in outs for t in o.new_token_ids] == want.token_ids
-    assert "".join(o.new_text for o in outs) == want.text and outs[-1].finished
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert len(outs) >= 3 and all(g >= interval * 0.95 for g in gaps[:-1]), gaps  # coalesced in between
-    assert all(len(o.new_token_ids) > 1 for o in outs[1:-1])  # each carries several steps' tokens
-    assert times[0] - t0 < interval  # the first delta was not held
-    # The last delta is not held back to the interval: it arrives once the request finishes (its RequestOutput's
-    # own e2e time), not at the next tick of the interval.
-    assert times[-1] - t0 <= outs[-1].metrics["e2e_s"] + 0.05, (times[-1] - t0, outs[-1].metrics["e2e_s"])
+    assert "".join(o.new_text for o in outs) == want.text
 
 
 def test_cancelling_the_consumer_aborts_within_a_step(aengine, engine):
