@@ -74,8 +74,10 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    result = calibrate(Path(args.drafter), Path(args.cache), model=args.model)
-    print(json.dumps({k: result[k] for k in ("temperatures", "ece_before", "ece_after")}, indent=1))
+    result = calibrate(Path(args.drafter), Path(args.cache), model=args.model,
+                       check_cache_dir=Path(args.check_cache) if args.check_cache else None)
+    keys = ("temperatures", "accepted", "ece_check_before", "ece_check_after")
+    print(json.dumps({k: result[k] for k in keys}, indent=1))
     return 0
 
 
@@ -85,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from deployments.app import build_app  # imports Ray Serve: here, after the line above
+    from deployments.launch import run_app  # imports Ray Serve: here, after the line above
 
     resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
     engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
@@ -115,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, stop)
         serve.start(http_options={"host": args.host, "port": args.port})
         started_serve = True
-        serve.run(build_app(config), name=args.app_name, route_prefix="/")
+        run_app(config, args.port, name=args.app_name, host=host)  # fails if another server shares the port
         print(f"dspark: serving {config.model_name} at http://{host}:{args.port}/v1  (Ctrl-C to stop)", flush=True)
         while True:
             time.sleep(3600)
@@ -181,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     cal = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a drafter's confidences")
     cal.add_argument("--drafter", required=True)
     cal.add_argument("--cache", required=True, help="a cache folder of the target's answers (train-drafter makes it)")
+    cal.add_argument("--check-cache", default=None,
+                     help="answers that decide which positions keep their temperature (default: half of --cache)")
     cal.add_argument("--model", default=None)
     cal.set_defaults(func=cmd_calibrate)
 
