@@ -1,0 +1,155 @@
+"""Drive the drafter campaign (draft_service/campaign.py) across sittings. Every command resumes.
+
+    python scripts/campaign.py plan --folder runs/campaign --prompts train=train mined=runs/campaign/prompts/mined.jsonl
+    nice -n 19 python scripts/campaign.py generate --folder runs/campaign     # background: answers -> cache + shards
+    python scripts/campaign.py featurize --folder runs/campaign               # a new machine: shards -> cache
+    nice -n 19 python scripts/campaign.py train --folder runs/campaign --steps 6000
+    python scripts/campaign.py status --folder runs/campaign
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from draft_service.campaign import (cut_shards, featurize, load_manifest, plan_jobs, run_generation,  # noqa: E402
+                                    TOP_P)
+from draft_service.data import Cache  # noqa: E402
+from draft_service.pipeline import DEFAULT_TAPS, load_prompt_file  # noqa: E402
+
+log = logging.getLogger("campaign")
+
+
+def cmd_plan(args) -> None:
+    folder = Path(args.folder)
+    sets = dict(item.split("=", 1) for item in args.prompts)
+    plan = {"prompt_sets": {}, "heldout": args.heldout, "mix": [[float(t), float(s)] for t, s in
+                                                                 (m.split("@") for m in args.mix.split(","))],
+            "max_tokens": args.max_tokens, "tap_layers": DEFAULT_TAPS, "chunk": args.chunk, "model": args.model}
+    for name, source in sets.items():
+        prompts = load_prompt_file(source)
+        digest = hashlib.sha256("".join(json.dumps(p) for p in prompts).encode()).hexdigest()
+        plan["prompt_sets"][name] = {"source": source, "prompts": len(prompts), "sha256": digest}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    print(json.dumps(plan, indent=1))
+
+
+def load_plan(folder: Path) -> dict:
+    plan = json.loads((folder / "plan.json").read_text())
+    for name, entry in plan["prompt_sets"].items():
+        prompts = load_prompt_file(entry["source"])
+        digest = hashlib.sha256("".join(json.dumps(p) for p in prompts).encode()).hexdigest()
+        if digest != entry["sha256"]:
+            raise SystemExit(f"prompt set {name} ({entry['source']}) changed since the plan was made")
+        entry["items"] = prompts
+    return plan
+
+
+def cmd_generate(args) -> None:
+    from engine import EngineConfig, LLMEngine
+
+    folder = Path(args.folder)
+    plan = load_plan(folder)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = LLMEngine(EngineConfig(model=plan["model"], tap_layers=plan["tap_layers"], max_num_seqs=args.batch))
+    info = {"target": Path(engine.model_path).name, "target_dtype": str(engine.dtype).removeprefix("torch."),
+            "tap_layers": plan["tap_layers"], "max_tokens": plan["max_tokens"], "top_p_when_sampled": TOP_P}
+    heldout = load_prompt_file(plan["heldout"])
+    run_generation(engine, folder, "heldout", [(0.0, heldout)], max_tokens=plan["max_tokens"],
+                   info={**info, "prompts": plan["heldout"]}, log=log.info)
+    jobs = plan_jobs({k: v["items"] for k, v in plan["prompt_sets"].items()},
+                     [tuple(m) for m in plan["mix"]], plan["chunk"])
+    run_generation(engine, folder, "train", jobs, max_tokens=plan["max_tokens"],
+                   info={**info, "prompt_sets": {k: {kk: vv for kk, vv in v.items() if kk != "items"}
+                                                 for k, v in plan["prompt_sets"].items()}, "mix": plan["mix"]},
+                   log=log.info)
+
+
+def cmd_featurize(args) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from engine.loader import resolve_model
+
+    folder = Path(args.folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.bfloat16).eval()
+    for split in ("heldout", "train"):
+        n = featurize(folder / "answers" / split, folder / "cache" / split, target, plan["tap_layers"], log=log.info)
+        log.info("%s: %d answers featurized", split, n)
+
+
+def cmd_train(args) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from draft_service.train import TrainConfig, train
+    from engine.loader import resolve_model
+
+    folder = Path(args.folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.float32).eval()
+    eos = target.generation_config.eos_token_id
+    tc = TrainConfig(layers=args.layers, steps=args.steps, lr=args.lr, draft_vocab_size=args.draft_vocab,
+                     init_from=args.init_from, mask_token_id=16, eval_every=args.eval_every,
+                     checkpoint_every=args.eval_every)
+    train(target, Cache(folder / "cache" / "train"), Cache(folder / "cache" / "heldout"), folder / "train" / args.run,
+          tc, plan["tap_layers"], eos if isinstance(eos, list) else [eos], log=log.info, stop_after=args.stop_after)
+
+
+def cmd_status(args) -> None:
+    folder = Path(args.folder)
+    for split in ("heldout", "train"):
+        manifest = load_manifest(folder / "answers" / split)
+        cache = folder / "cache" / split
+        cached = len(Cache(cache).samples) if (cache / "meta.json").exists() else 0
+        print(f"{split}: {sum(s['answers'] for s in manifest['shards'])} answers in {len(manifest['shards'])} shards "
+              f"({sum(s['response_tokens'] for s in manifest['shards'])} response tokens); {cached} cached")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--folder", required=True)
+    p.add_argument("--prompts", nargs="+", required=True, help="name=source (a split name or a .jsonl path)")
+    p.add_argument("--heldout", default="heldout")
+    p.add_argument("--mix", default="0@0.5,0.7@0.25,1.0@0.25", help="T@share,...: each prompt gets one temperature")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--model", default=None, help="the target (default: the packaged SmolLM2-135M-Instruct)")
+    for name in ("generate", "featurize", "train", "status", "cut"):
+        q = sub.add_parser(name)
+        q.add_argument("--folder", required=True)
+        q.add_argument("--threads", type=int, default=None)
+        q.add_argument("--batch", type=int, default=64)
+        q.add_argument("--run", default="main")
+        q.add_argument("--steps", type=int, default=6000)
+        q.add_argument("--stop-after", type=int, default=None)
+        q.add_argument("--layers", type=int, default=2)
+        q.add_argument("--lr", type=float, default=4e-4)
+        q.add_argument("--draft-vocab", type=int, default=12288)
+        q.add_argument("--eval-every", type=int, default=250)
+        q.add_argument("--init-from", default=None)
+    args = ap.parse_args()
+    if args.cmd == "cut":
+        for split in ("heldout", "train"):
+            cut_shards(Path(args.folder) / "cache" / split, Path(args.folder) / "answers" / split, final=True)
+        return
+    {"plan": cmd_plan, "generate": cmd_generate, "featurize": cmd_featurize, "train": cmd_train,
+     "status": cmd_status}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
