@@ -335,7 +335,8 @@ class LLMEngine:
         load = StepLoad(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                         max_num_seqs=self.config.max_num_seqs, tokens=sched.num_tokens,
                         token_budget=self.config.max_num_batched_tokens,
-                        decoding=sum(1 for s in sched.scheduled if s.samples))
+                        decoding=sum(1 for s in sched.scheduled if s.samples),
+                        kv_tokens=sum(s.seq.num_computed_tokens for s in sched.scheduled))
         if self.speculator is not None:
             self.speculator.prepare(sched, self.block_manager, self.max_model_len, load)
         self.load.observe(load)
@@ -343,7 +344,7 @@ class LLMEngine:
         out = self.runner.execute(sched.scheduled)
         forward_seconds = time.perf_counter() - t_fwd
         if self.speculator is not None:
-            self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds)
+            self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds, load.kv_tokens)
         emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
         touched = []
         for i, s in enumerate(out.order):

@@ -1,8 +1,9 @@
 """The engine's load signal: one record per step, and its running averages.
 
 The same numbers drive speculation and scaling: the verify-length controller reads a step's occupancy (how many
-tokens the step already carries against the budget, how many sequences decode), and a replica publishes the running
-averages of the same records to Serve's autoscaler and to Prometheus.
+tokens the step already carries against the budget, how many sequences decode, how many requests wait, how much
+cached context its attention reads), and a replica publishes the running averages of the same records to Serve's
+autoscaler and to Prometheus.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class StepLoad:
     eligible: int = 0  # decoding sequences that could have speculated
     drafted: int = 0  # sequences that verified at least one draft
     verify_tokens: int = 0  # draft tokens verified
+    kv_tokens: int = 0  # cached tokens the step's sequences read (the sum of their computed tokens)
 
     @property
     def base_tokens(self) -> int:

@@ -124,7 +124,8 @@ class Speculator:
 
     def prepare(self, sched: SchedulerOutput, blocks, max_model_len: int, load: StepLoad) -> None:
         """Draft for the eligible decoding sequences and set each one's `draft_tokens`. `load` is this step's
-        occupancy (the same record the replica publishes); the verify tokens chosen here are added to it."""
+        occupancy, queue and KV read (the same record the replica publishes); the verify tokens chosen here are
+        added to it."""
         self.last_verify_tokens = self.lookup_tokens = self.lookup_accepted = self.drafter_accepted = 0
         self.scoring, self.drafted, self.gated, self.lookup_gated = None, False, False, False
         self.catch_up_s = self.lookup_seconds = self.drafter_seconds = 0.0
@@ -140,13 +141,15 @@ class Speculator:
                 eligible.append((s, room))
         load.eligible = len(eligible)
         forward = self.cost.forward
-        prefill_seconds = forward.at(base_tokens) - forward.at(len(decoding))  # predicted, of the prefill chunks
-        if decoding and prefill_seconds <= forward.at(len(decoding)):
+        decode_kv = sum(s.seq.num_computed_tokens for s in decoding)
+        decode_seconds = forward.at(len(decoding), decode_kv)  # predicted, of the decode part
+        prefill_seconds = forward.at(base_tokens, load.kv_tokens) - decode_seconds  # predicted, of the prefill chunks
+        if decoding and prefill_seconds <= decode_seconds:
             # Scored once the step is done (observe_step): a plain step, whatever its requests' modes, calibrates the
             # gate's plain side; a gated draft round is scored against it. A step that also carries prefill chunks
             # (under continuous arrivals most steps do) is scored as its decode part, the chunks' predicted time and
             # first tokens taken out; not where they more than double the step, whose error would drown the round.
-            self.scoring = (len(decoding), forward.at(len(decoding)) + self.plain_overhead_s, prefill_seconds,
+            self.scoring = (len(decoding), decode_seconds + self.plain_overhead_s, prefill_seconds,
                             load.decoding - len(decoding))
         if not eligible:
             return
@@ -190,13 +193,13 @@ class Speculator:
         for i, (s, room, _) in enumerate(chosen):
             seq = s.seq
             cap = min(room, latency_cap(seq.params.target_tpot_s, self.cost, base_tokens, len(drafting),
-                                        self.gamma))
+                                        self.gamma, load.kv_tokens))
             cands.append(Candidate(i, seq.spec.confidences, self.mode_of(seq), cap))
             # the drafter's confidences are corrected by the acceptance this sequence showed; lookup's already are
             corrected[i] = (seq.spec.confidences if seq.spec.by_lookup
                             else self.tracker.corrected(seq.request_id, seq.spec.confidences))
         lengths = choose_verify_lengths(cands, base_tokens, load.decoding, self.cost, self.budget, corrected,
-                                        drafted=len(drafting))
+                                        drafted=len(drafting), waiting=load.waiting, kv_tokens=load.kv_tokens)
         for i, (s, _, _) in enumerate(chosen):
             n = lengths[i]
             seq = s.seq

@@ -1,4 +1,5 @@
-"""The step-cost model: the seconds one engine step takes, as a function of its tokens and of the sequences drafted.
+"""The step-cost model: the seconds one engine step takes, as a function of its tokens, of the cached context its
+attention reads (the KV of every sequence in it) and of the sequences drafted.
 
 Its inverse SPS(B), steps per second at B tokens, is what Algorithm 1 of the DSpark paper weighs against the tokens
 a longer verify is expected to add (engine/verify_length.py). Pure Python over plain numbers: no tensors, no model.
@@ -33,15 +34,22 @@ class Curve:
     track the machine while the rest keep the speed of whenever they were last seen, and the curve's slope, which is
     what Algorithm 1 weighs, becomes a record of the machine's mood. Reads go through the least-squares
     non-decreasing fit of the points: more work never takes less time, and a noisy point below its left neighbour
-    would make the next token look free."""
+    would make the next token look free.
+
+    A step also reads the cached K/V of its sequences: `kv_coef` seconds (before the speed factor) per cached token,
+    the slope of a least-squares line through the residuals left by the token curve against the KV read, over
+    about the last 10 / alpha steps. It is never negative, and stays 0 while the KV read does not vary (a curve fed
+    no KV is the token curve alone); alpha 0 keeps the whole curve fixed."""
 
     grid: list[int]
     seconds: list[float]
     alpha: float = 0.1
     scale: float = 1.0
+    kv_coef: float = 0.0
 
     def __post_init__(self) -> None:
         self.fitted = isotonic(self.seconds)
+        self.kv_sums = [0.0] * 5  # faded sums of weight, kv, residual, kv^2 and kv * residual
 
     @staticmethod
     def _interpolate(g: list[int], s: list[float], x: float) -> float:
@@ -53,15 +61,18 @@ class Curve:
         w = (x - g[i]) / (g[i + 1] - g[i])
         return s[i] + w * (s[i + 1] - s[i])
 
-    def at(self, x: float) -> float:
-        return self.scale * self._interpolate(self.grid, self.fitted, x)
+    def at(self, x: float, kv: float = 0.0) -> float:
+        return self.scale * (self._interpolate(self.grid, self.fitted, x) + self.kv_coef * kv)
 
-    def observe(self, x: float, seconds: float) -> None:
+    def observe(self, x: float, seconds: float, kv: float = 0.0) -> None:
         g = self.grid
-        shape = self._interpolate(g, self.seconds, x)  # the raw points, which converge to the data
+        tokens_shape = self._interpolate(g, self.seconds, x)  # the raw points, which converge to the data
+        shape = tokens_shape + self.kv_coef * kv
         if shape > 0:
             self.scale *= 1.0 + self.alpha * (seconds / (self.scale * shape) - 1.0)
-        error = (seconds / self.scale - shape) / 4  # the shape moves slower: most of a change is the machine's
+        self._fit_kv(kv, seconds / self.scale - tokens_shape)
+        # the shape moves slower: most of a change is the machine's
+        error = (seconds / self.scale - tokens_shape - self.kv_coef * kv) / 4
         if x <= g[0]:
             points = [(0, 1.0)]
         elif x >= g[-1]:
@@ -74,22 +85,32 @@ class Curve:
             self.seconds[i] += self.alpha * weight * error
         self.fitted = isotonic(self.seconds)
 
+    def _fit_kv(self, kv: float, residual: float) -> None:
+        fade, w = 1.0 - self.alpha / 10, self.alpha  # weights proportional to alpha: alpha 0 learns nothing
+        for i, value in enumerate((1.0, kv, residual, kv * kv, kv * residual)):
+            self.kv_sums[i] = fade * self.kv_sums[i] + w * value
+        n, sx, sy, sxx, sxy = self.kv_sums
+        spread = n * sxx - sx * sx
+        if spread > 1e-2 * n * sxx:  # the KV read varies enough to tell its cost from the tokens'
+            self.kv_coef = max(0.0, (n * sxy - sx * sy) / spread)
+
 
 @dataclass
 class StepCostModel:
-    """The cost of one engine step: the packed forward as a function of its tokens B, plus the draft round as a
-    function of the sequences drafted (independent of how many drafts are then verified). SPS(B) is its inverse.
-    Both curves are seeded by a start-up sweep and follow the measured steps from then on."""
+    """The cost of one engine step: the packed forward as a function of its tokens B and of its KV read (the cached
+    tokens of its sequences), plus the draft round as a function of the sequences drafted (independent of how many
+    drafts are then verified). SPS(B) is its inverse. Both curves are seeded by a start-up sweep and follow the
+    measured steps from then on."""
 
     forward: Curve
     draft: Curve | None = None
 
-    def step_seconds(self, tokens: int, drafted_seqs: int = 0) -> float:
+    def step_seconds(self, tokens: int, drafted_seqs: int = 0, kv_tokens: int = 0) -> float:
         extra = self.draft.at(drafted_seqs) if (drafted_seqs and self.draft is not None) else 0.0
-        return self.forward.at(tokens) + extra
+        return self.forward.at(tokens, kv_tokens) + extra
 
-    def sps(self, tokens: int, drafted_seqs: int = 0) -> float:
-        return 1.0 / self.step_seconds(tokens, drafted_seqs)
+    def sps(self, tokens: int, drafted_seqs: int = 0, kv_tokens: int = 0) -> float:
+        return 1.0 / self.step_seconds(tokens, drafted_seqs, kv_tokens)
 
     def table(self) -> dict[int, float]:
         """SPS(B) at the grid points, for metrics."""

@@ -47,6 +47,10 @@ def test_engine_publishes_its_step_load(tiny_dir):
     # 3 prompts of 20 tokens and a 4-token chunk of the 4th fill the 64-token budget; 3 of them emit a token.
     assert last.running == 4 and last.waiting == 2
     assert last.tokens == 64 and last.decoding == 3
+    assert last.kv_tokens == 0  # fresh prompts read no cached context
+    engine.step()
+    # The 3 decoding sequences read their 20 cached tokens each, the 4th prompt its first 4-token chunk.
+    assert engine.load.last.kv_tokens == 3 * 20 + 4 and engine.load.last.waiting == 2
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.stats()["load"]["queue_depth"] == 0.0

@@ -69,3 +69,67 @@ def test_curve_reads_are_monotone_and_admission_ignores_a_noisy_dip():
         for x, t in ((1, 0.020), (2, 0.021), (4, 0.023), (8, 0.027)):
             noisy.observe(x, t)
     assert [round(noisy.at(x), 4) for x in (1, 2, 4, 8)] == [0.020, 0.021, 0.023, 0.027]
+
+
+def sweep_seeded_curve(truth, grid=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), context=64):
+    """A forward curve seeded as the engine's start-up sweep seeds it: each point timed with `context` cached tokens
+    per sequence (at most 64 sequences), so its points still hold that KV read."""
+    return Curve(list(grid), [truth(b, context * min(b, 64)) for b in grid])
+
+
+def random_steps(rng, n):
+    """(tokens, KV read) of `n` steps: 1 to 64 decoding sequences, up to 3 verify tokens each, contexts 16-2000."""
+    for _ in range(n):
+        seqs = rng.choice([1, 2, 4, 8, 16, 32, 64])
+        yield seqs + rng.randint(0, 3 * seqs), sum(rng.randint(16, 2000) for _ in range(seqs))
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_kv_fit_recovers_known_coefficients(noise):
+    """Steps cost t0 + t1 * tokens + k * KV read. From a sweep that timed every point at one context, the curve
+    learns k, unlearns the sweep's KV from its points, and predicts unseen steps; then the machine slows down 2x and
+    the KV part slows with it."""
+    k = 2e-6
+    truth = lambda b, kv: 0.02 + 0.0004 * b + k * kv  # noqa: E731
+    rng = random.Random(7)
+    curve = sweep_seeded_curve(truth)
+    for b, kv in random_steps(rng, 10000):
+        curve.observe(b, truth(b, kv) * (1 + noise * rng.gauss(0, 1)), kv)
+    tol = 0.02 + noise
+    assert curve.scale * curve.kv_coef == pytest.approx(k, rel=tol)
+    for b, kv in ((1, 50), (1, 2000), (8, 9000), (64, 60000), (200, 10000)):
+        assert curve.at(b, kv) == pytest.approx(truth(b, kv), rel=tol), (b, kv)
+    for b, kv in random_steps(rng, 300):
+        curve.observe(b, 2 * truth(b, kv) * (1 + noise * rng.gauss(0, 1)), kv)
+    assert curve.at(8, 30000) - curve.at(8, 10000) == pytest.approx(2 * k * 20000, rel=tol + 0.03)
+
+
+def test_prediction_grows_with_context():
+    cost = StepCostModel(Curve([1, 64], [0.02, 0.05], kv_coef=1e-6), Curve([1, 64], [0.004, 0.010]))
+    for tokens, drafted in ((1, 0), (16, 4), (64, 64)):
+        reads = [cost.step_seconds(tokens, drafted, kv) for kv in (0, 100, 1000, 10000, 100000)]
+        assert reads == sorted(set(reads)), reads  # strictly increasing
+        assert reads[-1] - reads[0] == pytest.approx(1e-6 * 100000)
+        assert cost.sps(tokens, drafted, 100000) < cost.sps(tokens, drafted, 0)
+
+
+def test_without_a_kv_cost_the_model_is_the_token_model():
+    """A zero KV coefficient reads the token curve at any context; steps whose time does not depend on the KV read
+    leave the coefficient at (or near) zero, and the curve predicts as one that was never told the KV read."""
+    flat = StepCostModel(Curve([1, 64], [0.02, 0.05]), Curve([1, 64], [0.004, 0.010]))
+    assert all(flat.step_seconds(16, 4, kv) == flat.step_seconds(16, 4) for kv in (0, 1, 10**6))
+    truth = lambda b: 0.02 + 0.0004 * b  # noqa: E731
+    grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    exact_told, exact_blind, rough_told, rough_blind = (Curve(grid, [f * truth(b) for b in grid])
+                                                        for f in (1.0, 1.0, 0.8, 0.8))
+    rng = random.Random(11)
+    for b, kv in random_steps(rng, 3000):
+        exact_told.observe(b, truth(b), kv)
+        exact_blind.observe(b, truth(b))
+        rough_told.observe(b, truth(b), kv)
+        rough_blind.observe(b, truth(b))
+    assert rough_told.kv_coef * 64 * 1000 < 0.01 * truth(64)  # a full batch's KV read: under 1% of its step
+    for b in (1, 8, 64, 200):
+        kv = 1000 * min(b, 64)
+        assert exact_told.at(b, kv) == pytest.approx(exact_blind.at(b), rel=1e-12)  # rounding apart
+        assert rough_told.at(b, kv) == pytest.approx(rough_blind.at(b), rel=0.01)

@@ -166,3 +166,80 @@ def test_adaptive_with_correction_does_not_lose_to_a_fixed_cap(true_accept):
     assert adaptive >= 0.95 * max(fixed.values()), (adaptive, fixed)
     if true_accept <= 0.25:
         assert simulate("threshold:0.8", true_accept, 0.9) < 0.9 * max(fixed.values())
+
+
+def affine_kv_cost(rng) -> StepCostModel:
+    """A random affine forward (per step, per token, per cached token read) and a flat draft round."""
+    cost = affine_cost(t0=rng.uniform(0.005, 0.05), t1=rng.uniform(1e-5, 5e-3), draft=rng.uniform(0, 0.01))
+    cost.forward.kv_coef = rng.choice([0.0, rng.uniform(0, 1e-5)])
+    return cost
+
+
+def test_queue_and_context_match_brute_force_on_small_cases():
+    """With requests waiting and a KV read, Algorithm 1 still finds the best lengths of its objective: the tokens
+    per second of the decoding sequences and of the queue (one token per step each), at the step's full cost."""
+    rng = random.Random(5)
+    for trial in range(300):
+        gamma, n = rng.randint(1, 4), rng.randint(1, 3)
+        cands = [Candidate(i, [rng.uniform(0.05, 1.0) for _ in range(gamma)], ADAPTIVE, gamma) for i in range(n)]
+        base, waiting, kv = n + rng.randint(0, 40), rng.choice([0, 1, 3, 10, 50]), rng.randint(0, 20000)
+        cost = affine_kv_cost(rng)
+
+        def objective(lengths):
+            tau = n + waiting + sum(sum(survival(c.confidences[: lengths[c.key]])) for c in cands)
+            return tau * cost.sps(base + sum(lengths.values()), n, kv)
+
+        got = choose_verify_lengths(cands, base, n, cost, budget=10**6, waiting=waiting, kv_tokens=kv)
+        best = max(objective(dict(zip(range(n), ls))) for ls in itertools.product(range(gamma + 1), repeat=n))
+        assert objective(got) == pytest.approx(best, rel=1e-9), trial
+
+
+def random_step(rng):
+    """Candidates of every mode with their caps, corrections and the step around them, as plain numbers."""
+    n, gamma = rng.randint(1, 12), 7
+    modes = [ADAPTIVE] * 4 + [parse_speculation(m) for m in ("fixed:3", "threshold:0.6", "off")]
+    cands = [Candidate(i, [rng.uniform(0.3, 1.0) for _ in range(gamma)], rng.choice(modes), rng.randint(0, gamma))
+             for i in range(n)]
+    corrected = {c.key: [x * rng.uniform(0.5, 1.1) for x in c.confidences] for c in cands if rng.random() < 0.5}
+    return dict(cands=cands, base_tokens=n + rng.choice([0, 0, 20, 200]), num_decoding=n, cost=affine_kv_cost(rng),
+                budget=rng.choice([n + 8, 256, 4096]), corrected=corrected, drafted=rng.randint(0, n))
+
+
+def test_a_longer_queue_never_lengthens_a_verify():
+    """Property over seeded random steps: for fixed everything else, each sequence's verify length is
+    non-increasing in the number of waiting requests; the queue does shorten verifies, and an empty queue is the
+    plain choice."""
+    rng = random.Random(9)
+    shortened = 0
+    for trial in range(400):
+        step, kv = random_step(rng), rng.choice([0, 500, 50000])
+        queues = [0, 1, 2, 3, 5, 8, 16, 32, 64, 256, 4096]
+        runs = [choose_verify_lengths(**step, waiting=w, kv_tokens=kv) for w in queues]
+        assert runs[0] == choose_verify_lengths(**step, kv_tokens=kv)
+        for w, shorter, longer in zip(queues[1:], runs[1:], runs):
+            assert all(shorter[k] <= longer[k] for k in longer), (trial, w, longer, shorter)
+        shortened += sum(runs[-1].values()) < sum(runs[0].values())
+    assert shortened > 200, shortened
+
+
+def test_a_longer_context_never_shortens_a_verify():
+    """A step that reads more KV costs more whatever its tokens, so one more verified token costs relatively less:
+    for fixed everything else, verify lengths are non-decreasing in the KV read, and do grow with it."""
+    rng = random.Random(13)
+    lengthened = 0
+    for trial in range(300):
+        step, waiting = random_step(rng), rng.choice([0, 4])
+        step["cost"].forward.kv_coef = rng.uniform(1e-7, 1e-5)
+        runs = [choose_verify_lengths(**step, waiting=waiting, kv_tokens=kv) for kv in (0, 100, 1000, 10000, 10**5)]
+        for less, more in zip(runs, runs[1:]):
+            assert all(more[k] >= less[k] for k in less), (trial, less, more)
+        lengthened += sum(runs[-1].values()) > sum(runs[0].values())
+    assert lengthened > 100, lengthened
+
+
+def test_latency_cap_counts_the_kv_read():
+    cost = affine_cost(t0=0.02, t1=0.001, draft=0.002)
+    cost.forward.kv_coef = 1e-6
+    assert latency_cap(0.0355, cost, 10, 1, 7, kv_tokens=0) == 3  # as without a KV read
+    assert latency_cap(0.0355, cost, 10, 1, 7, kv_tokens=2000) == 1  # the KV read takes the room of 2 drafts
+    assert latency_cap(0.0355, cost, 10, 1, 7, kv_tokens=5000) == 0
