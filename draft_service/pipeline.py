@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import lzma
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def load_prompt_file(name: str) -> list[dict]:
     path = Path(name)
     if not path.exists():
         return load_prompts(name)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def parse_temperatures(text: str) -> list[tuple[float, float]]:
@@ -74,12 +76,13 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
     drafter = train(target, train_cache, heldout, out, tc, tap_layers, eos, log=log.info)
 
     to_local = local_index(drafter)
-    # STS on the calibration answers (all temperatures: they are contexts the drafter meets in service).
-    z, y, v = stack_records(evaluate(drafter, train_cache, calib_samples, to_local)["records"])
-    calibration = fit_sts(z, y, v)
+    # STS fit on the calibration answers (all temperatures: they are contexts the drafter meets in service), each
+    # position's temperature kept only where it lowers the held-out greedy answers' ECE.
+    fit_split = stack_records(evaluate(drafter, train_cache, calib_samples, to_local)["records"])
     report = evaluate(drafter, heldout, [s for s in heldout.samples if s.temperature == 0.0], to_local,
                       max_anchors=10**6)
     zh, yh, vh = stack_records(report.pop("records"))
+    calibration = fit_sts(fit_split, (zh, yh, vh))
     calibration["heldout_ece_before"] = survival_ece(zh, yh, vh, np.ones(zh.shape[1]))
     calibration["heldout_ece_after"] = survival_ece(zh, yh, vh, np.array(calibration["temperatures"]))
     final = out / "drafter"
@@ -94,8 +97,19 @@ def train_drafter(out: Path, *, model: str | None, prompts: str, eval_prompts: s
     return final
 
 
-def calibrate(drafter_dir: Path, cache_dir: Path, model: str | None = None) -> dict:
-    """Fit STS for an existing drafter on a cache of the target's answers; write calibration.json beside it."""
+def split_by_prompt(samples: list) -> tuple[list, list]:
+    """Answers split in two by prompt (an answer's id is "prompt@temperature"): every other prompt goes to the second
+    half, so no prompt is in both."""
+    prompts = sorted({s.id.rsplit("@", 1)[0] for s in samples})
+    second = set(prompts[1::2])
+    return ([s for s in samples if s.id.rsplit("@", 1)[0] not in second],
+            [s for s in samples if s.id.rsplit("@", 1)[0] in second])
+
+
+def calibrate(drafter_dir: Path, cache_dir: Path, model: str | None = None,
+              check_cache_dir: Path | None = None) -> dict:
+    """Fit STS for an existing drafter on a cache of the target's answers, checking each position's temperature on
+    `check_cache_dir` (default: half of the cache's prompts, the other half fits); write calibration.json beside it."""
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32).eval()
@@ -105,7 +119,14 @@ def calibrate(drafter_dir: Path, cache_dir: Path, model: str | None = None) -> d
     drafter.conf_temperatures = None  # fit from the raw logits
     cache = Cache(cache_dir)
     to_local = local_index(drafter)
-    z, y, v = stack_records(evaluate(drafter, cache, cache.samples, to_local)["records"])
-    result = fit_sts(z, y, v)
+    if check_cache_dir is None:
+        fit_samples, check_samples = split_by_prompt(cache.samples)
+        check_cache = cache
+    else:
+        fit_samples, check_cache = cache.samples, Cache(check_cache_dir)
+        check_samples = check_cache.samples
+    fit_split = stack_records(evaluate(drafter, cache, fit_samples, to_local)["records"])
+    check_split = stack_records(evaluate(drafter, check_cache, check_samples, to_local)["records"])
+    result = fit_sts(fit_split, check_split)
     save_calibration(drafter_dir, result)
     return result

@@ -124,10 +124,10 @@ def test_sts_recovers_temperature_lowers_ece_and_keeps_order():
     ok = rng.random((N, G)) < 1 / (1 + np.exp(-z / true_t))
     y = np.cumprod(ok, axis=1).astype(float)
     valid = np.ones((N, G), bool)
-    fit = fit_sts(z[: N // 2], y[: N // 2], valid[: N // 2])
+    half, held = slice(0, N // 2), slice(N // 2, N)
+    fit = fit_sts((z[half], y[half], valid[half]), (z[held], y[held], valid[held]))
     temps = np.array(fit["temperatures"])
     np.testing.assert_allclose(temps, true_t, rtol=0.2)
-    held = slice(N // 2, N)
     before = [ece(survival(z[held], np.ones(G))[:, k], y[held, k]) for k in range(G)]
     after = [ece(survival(z[held], temps)[:, k], y[held, k]) for k in range(G)]
     assert sum(after) < 0.5 * sum(before)
