@@ -76,7 +76,12 @@ def test_admission_errors_cancel_and_abort(proc):
     async def main():
         with pytest.raises(ValueError):
             await proc.add_request("bad", [], LONG)
-        streams = [await proc.add_request(f"q{i}", "Hello", LONG) for i in range(4)]  # 2 running + 2 waiting
+        streams = [await proc.add_request(f"q{i}", "Hello", LONG) for i in range(2)]
+        deadline = time.monotonic() + 60  # both run before more arrive: admission counts the waiting ones
+        while proc.stats()["num_running"] < 2:
+            assert time.monotonic() < deadline, proc.stats()
+            await asyncio.sleep(0.05)
+        streams += [await proc.add_request(f"q{i}", "Hello", LONG) for i in range(2, 4)]  # 2 running + 2 waiting
         with pytest.raises(QueueFullError):
             await proc.add_request("q-full", "Hello", LONG)
         first = streams[0].__aiter__()
