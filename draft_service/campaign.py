@@ -192,6 +192,7 @@ def run_generation(engine, folder: Path, split: str, jobs: list[tuple[float, lis
     """Answer every planned chunk not cached yet, cutting shards as answers accumulate."""
     cache_dir, answers_dir = Path(folder) / "cache" / split, Path(folder) / "answers" / split
     done = {s.id for s in Cache(cache_dir).samples} if (cache_dir / "meta.json").exists() else set()
+    done |= shard_ids(answers_dir)  # answered on another machine: `featurize` brings them into this cache
     for i, (temp, prompts) in enumerate(jobs):
         todo = [p for p in prompts if f"{p['id']}@{temp:g}" not in done]
         if todo:

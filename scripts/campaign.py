@@ -5,6 +5,8 @@
     python scripts/campaign.py featurize --folder runs/campaign               # a new machine: shards -> cache
     nice -n 19 python scripts/campaign.py train --folder runs/campaign --steps 6000
     python scripts/campaign.py status --folder runs/campaign
+    python scripts/campaign.py snapshot --folder runs/campaign     # plan + shards -> data/campaign (to commit)
+    python scripts/campaign.py restore --folder runs/campaign      # a new machine: data/campaign -> the folder
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import argparse
 import hashlib
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -117,6 +120,22 @@ def cmd_status(args) -> None:
               f"({sum(s['response_tokens'] for s in manifest['shards'])} response tokens); {cached} cached")
 
 
+SNAPSHOT = ROOT / "data" / "campaign"
+
+
+def copy_durable(src: Path, dst: Path) -> None:
+    """The plan and the answer shards (never the caches), skipping shards already there."""
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / "plan.json", dst / "plan.json")
+    for split_dir in sorted((src / "answers").glob("*")):
+        out = dst / "answers" / split_dir.name
+        out.mkdir(parents=True, exist_ok=True)
+        for shard in sorted(split_dir.glob("shard-*.npz")):
+            if not (out / shard.name).exists():
+                shutil.copy2(shard, out / shard.name)
+        shutil.copy2(split_dir / "manifest.json", out / "manifest.json")  # last: it lists only shards present
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,7 +148,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--model", default=None, help="the target (default: the packaged SmolLM2-135M-Instruct)")
-    for name in ("generate", "featurize", "train", "status", "cut"):
+    for name in ("generate", "featurize", "train", "status", "cut", "snapshot", "restore"):
         q = sub.add_parser(name)
         q.add_argument("--folder", required=True)
         q.add_argument("--threads", type=int, default=None)
@@ -146,6 +165,10 @@ def main() -> None:
     if args.cmd == "cut":
         for split in ("heldout", "train"):
             cut_shards(Path(args.folder) / "cache" / split, Path(args.folder) / "answers" / split, final=True)
+        return
+    if args.cmd in ("snapshot", "restore"):
+        folder = Path(args.folder)
+        copy_durable(*((folder, SNAPSHOT) if args.cmd == "snapshot" else (SNAPSHOT, folder)))
         return
     {"plan": cmd_plan, "generate": cmd_generate, "featurize": cmd_featurize, "train": cmd_train,
      "status": cmd_status}[args.cmd](args)
