@@ -1,7 +1,8 @@
 """The default drafter's report: acceptance, calibration and cost.
 
-- tau (accepted + 1) at gamma = 7, greedy, on the held-out prompts, and the acceptance at each block position; beside
-  it, prompt lookup (n-gram matching over the prompt and the text so far, n = 3..1), the cheap rival to beat;
+- tau (accepted + 1) at gamma = 7, greedy, on the held-out prompts, and the acceptance at each block position (a
+  drafter with copy hints reads them as at inference: train.evaluate computes them); beside it, prompt lookup
+  (n-gram matching over the prompt and the text so far, n = 3..1), the cheap rival to beat;
 - calibration of the prefix survival prod c_k before and after Sequential Temperature Scaling (reliability curves and
   per-position ECE);
 - the cost of one draft round against batch size 1..64, beside the target's plain decode step at the same batch: the
@@ -160,6 +161,7 @@ def main() -> None:
     assert len(lookup) == len(y), "evaluate() scored every anchor of every answer, in order"
     report = {
         **costs_report, "drafter": str(drafter_dir), "gamma": gamma, "heldout_answers": len(samples), "anchors": ev["anchors"],
+        "copy_hint_ngram": drafter.config.copy_hint_ngram,
         "tau": ev["tau"], "accept_rate_by_pos": ev["accept_rate_by_pos"], "conditional_accept_by_pos": cond,
         "prompt_lookup_tau": 1 + float(lookup[:, 0].mean()),
         "drafter_vs_lookup": drafter_vs_lookup(y.sum(1), lookup[:, 0], lookup[:, 1]),

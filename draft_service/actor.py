@@ -177,6 +177,7 @@ class DraftActor:
             "gamma": self.service.gamma,
             "vocab_size": self.service.vocab_size,
             "tap_layers": self.service.tap_layers,
+            "copy_hint_ngram": self.service.copy_hint_ngram,
             "draft_vocab": None if vocab is None else vocab.cpu(),
             **self.ping(),
             "pid": os.getpid(),
@@ -280,6 +281,8 @@ class DraftServiceProxy:
         self.gamma: int = info["gamma"]
         self.vocab_size: int = info["vocab_size"]
         self.tap_layers: list[int] = list(info["tap_layers"])
+        ngram = info.get("copy_hint_ngram")
+        self.copy_hint_ngram: tuple[int, int] | None = None if ngram is None else tuple(ngram)
         vocab = info["draft_vocab"]
         self._draft_vocab = None if vocab is None else vocab.to(self.device)
         self._locating = False  # after a failure: usable again once the locator finds the actor

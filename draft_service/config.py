@@ -48,6 +48,10 @@ class DSparkConfig:
     # Our extension (absent from DeepSpec): truncated draft vocabulary size.
     # The index tensor itself is stored in the checkpoint as `draft_vocab`.
     draft_vocab_size: int | None = None
+    # Our extension: copy hints. [min_n, max_n]: block position k >= 1 reads, instead of the mask token, what prompt
+    # lookup (engine/ngram.py, n-grams of min_n..max_n tokens) proposes for the token before it, where it matches;
+    # None: mask tokens only, as DeepSpec. No weights are added.
+    copy_hint_ngram: list[int] | None = None
     # Everything else from config.json (bos/eos ids, dtype, transformers_version, ...).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -74,6 +78,11 @@ class DSparkConfig:
             raise ValueError(f"only silu MLPs are supported, got {self.hidden_act!r}")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.copy_hint_ngram is not None:
+            self.copy_hint_ngram = [int(n) for n in self.copy_hint_ngram]
+            if len(self.copy_hint_ngram) != 2 or not 1 <= self.copy_hint_ngram[0] <= self.copy_hint_ngram[1]:
+                raise ValueError(f"copy_hint_ngram must be [min_n, max_n] with 1 <= min_n <= max_n: "
+                                 f"{self.copy_hint_ngram}")
 
     # -- derived -------------------------------------------------------------
     @property
@@ -148,6 +157,8 @@ class DSparkConfig:
             d["markov_head_type"] = self.markov_head_type
         if self.draft_vocab_size:
             d["draft_vocab_size"] = self.draft_vocab_size
+        if self.copy_hint_ngram is not None:
+            d["copy_hint_ngram"] = list(self.copy_hint_ngram)
         return dict(sorted(d.items()))
 
     @classmethod

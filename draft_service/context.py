@@ -40,6 +40,9 @@ class DraftRequest:
     anchor_pos: int  # its absolute position; the context must hold positions < anchor_pos
     temperature: float = 0.0  # 0 = greedy
     generator: torch.Generator | None = None  # per-sequence RNG for sampling (on the pool's device)
+    # Copy hints: prompt lookup's proposal for the tokens at anchor_pos + 1, ... (None or []: none). Read only by a
+    # drafter with config.copy_hint_ngram (DSparkDrafter.block_input_ids).
+    hint: Sequence[int] | None = None
 
 
 @dataclass
@@ -169,21 +172,28 @@ class DraftContextPool:
     def propose(self, batch: Sequence[DraftRequest | tuple], probs_format: str = "full") -> DraftProposal:
         """Draft gamma tokens for every request in one backbone pass + one batched Markov loop.
 
-        Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator]]).
+        Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator[, hint]]]).
         probs_format: "full" | "compact" | "none", see DraftProposal.
         """
         reqs = [r if isinstance(r, DraftRequest) else DraftRequest(*r) for r in batch]
         if not reqs:
             raise ValueError("empty batch")
         # A block is written into its context's pages, so one context drafts one block a round; repeats of the
-        # same (context, anchor) share a backbone pass (e.g. several samples of one block).
-        blocks = {(r.handle, r.anchor_token, r.anchor_pos): None for r in reqs}
+        # same (context, anchor) share a backbone pass (e.g. several samples of one block), and so their hint: the
+        # same prefix gives the same lookup.
+        hinted = self.model.config.copy_hint_ngram is not None
+        G = self.model.gamma
+        blocks: dict[tuple[int, int, int], list[int]] = {}  # block -> the hint it reads
+        for r in reqs:
+            hint = list(r.hint or ())[: G - 1] if hinted else []
+            if blocks.setdefault((r.handle, r.anchor_token, r.anchor_pos), hint) != hint:
+                raise ValueError("requests for the same block (context, anchor token and position) differ in hint")
         if len({h for h, _, _ in blocks}) < len(blocks):
             raise ValueError("a context can draft only one block per propose call (same anchor token and position)")
         which = list(blocks)
         row_of = {key: i for i, key in enumerate(which)}
         ctxs = [self._get(h) for h, _, _ in which]
-        dev, P, G = self.model.device, self.page_size, self.model.gamma
+        dev, P = self.model.device, self.page_size
         # Each block goes just past its context: the pages it needs beyond the context's are lent for this call.
         lent = [max(0, math.ceil((c.length + G) / P) - len(c.pages)) for c in ctxs]
         if sum(lent) > len(self._free):
@@ -200,7 +210,10 @@ class DraftContextPool:
                                   dev, fused=self.ops.fused, causal=False)
             anchor_ids = _to_device(torch.tensor([a for _, a, _ in which]), dev)
             anchor_pos = _to_device(torch.tensor([p for _, _, p in which]), dev)
-            h = self.model.block_hidden_paged(anchor_ids, anchor_pos, meta, self.cache, self.ops)
+            hints = None
+            if G > 1 and any(blocks.values()):  # [blocks, G - 1], -1 where a block has no hint
+                hints = _to_device(torch.tensor([hint + [-1] * (G - 1 - len(hint)) for hint in blocks.values()]), dev)
+            h = self.model.block_hidden_paged(anchor_ids, anchor_pos, meta, self.cache, self.ops, hints)
         finally:
             self._free.extend(reversed(spare))
         B = len(reqs)

@@ -323,15 +323,26 @@ class DSparkDrafter(nn.Module):
                             for layer in self.layers], dim=1)
 
     @torch.no_grad()
-    def block_hidden_paged(self, anchor_ids, anchor_pos, meta, cache, ops) -> torch.Tensor:
-        """block_hidden, reading each sequence's context in place from the pool's paged caches (engine.attention
-        layouts): every layer writes the block's K/V into slots just after its sequence's context (lent by the pool
-        for this call, beyond the context's length, so they never become context) and attends with causal=False
-        metadata. anchor_ids/anchor_pos [B]; returns h [B, gamma, d]."""
+    def block_input_ids(self, anchor_ids: torch.Tensor, hints: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's input tokens [B, G]: the anchor, then the mask token, or with copy hints (config
+        copy_hint_ngram) at position k >= 1 the lookup's proposal for the token at anchor + k where it has one.
+        hints [B, >= G - 1]: proposals for anchor + 1 .., -1 where none."""
         B, G = anchor_ids.shape[0], self.gamma
         ids = torch.full((B, G), self.config.mask_token_id, dtype=torch.long, device=anchor_ids.device)
         ids[:, 0] = anchor_ids
-        x = self.embed_tokens(ids).view(B * G, -1)
+        if hints is not None and self.config.copy_hint_ngram is not None and G > 1:
+            h = hints[:, : G - 1].to(ids.device)
+            ids[:, 1:] = torch.where(h >= 0, h, ids[:, 1:])
+        return ids
+
+    @torch.no_grad()
+    def block_hidden_paged(self, anchor_ids, anchor_pos, meta, cache, ops, hints=None) -> torch.Tensor:
+        """block_hidden, reading each sequence's context in place from the pool's paged caches (engine.attention
+        layouts): every layer writes the block's K/V into slots just after its sequence's context (lent by the pool
+        for this call, beyond the context's length, so they never become context) and attends with causal=False
+        metadata. anchor_ids/anchor_pos [B]; hints: see block_input_ids; returns h [B, gamma, d]."""
+        B, G = anchor_ids.shape[0], self.gamma
+        x = self.embed_tokens(self.block_input_ids(anchor_ids, hints)).view(B * G, -1)
         cos, sin = self.rope_full((anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device)).view(-1))
         g = meta.small
         if self._layer_args is not None and g.cu_q is not None and (args := self._layer_call_args(B * G)) is not None:

@@ -48,6 +48,12 @@ class DraftService:
     def tap_layers(self) -> list[int]:
         return list(self.drafter.config.target_layer_ids)
 
+    @property
+    def copy_hint_ngram(self) -> tuple[int, int] | None:
+        """The n-gram sizes of the copy hints the drafter reads (config copy_hint_ngram), None if it reads none."""
+        ngram = self.drafter.config.copy_hint_ngram
+        return None if ngram is None else (ngram[0], ngram[1])
+
     def context_length(self, key: str) -> int:
         return self.pool.length(self.handles[key]) if key in self.handles else 0
 
@@ -79,7 +85,8 @@ class DraftService:
                 gen = self.generators.get(w.key)
                 if gen is None and w.seed is not None:
                     gen = self.generators[w.key] = torch.Generator(self.drafter.device).manual_seed(w.seed)
-            requests.append(DraftRequest(self.handles[w.key], w.anchor_token, w.anchor_pos, w.temperature, gen))
+            requests.append(DraftRequest(self.handles[w.key], w.anchor_token, w.anchor_pos, w.temperature, gen,
+                                         w.hint))
         prop = self.pool.propose(requests, probs_format="compact" if sampled else "none")
         conf = prop.confidence if prop.confidence is not None else torch.ones(prop.tokens.shape)
         return DraftStep(

@@ -4,6 +4,8 @@ Loss (DeepSpec's): 0.1 * CE + 0.9 * L1(p_d, p_t) + BCE(c, 1 - 0.5 * ||p_d - p_t|
 exp(-k / 4) over block position k. The Markov head is teacher-forced with the real tokens; the CE label is the
 target's greedy token, so sampled answers add off-greedy contexts without teaching non-greedy tokens.
 p_t is the target's cached top-k distribution; its tail beyond k is taken as 0.
+With copy hints (TrainConfig.copy_hint_ngram) every block reads prompt lookup's proposals in place of mask tokens,
+computed from the sample's own tokens exactly as the engine computes them (engine.ngram.lookup_table).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import json
 import math
 import random
 import time
+import weakref
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from draft_service.config import DSparkConfig
 from draft_service.data import Cache, Sample
 from draft_service.model import DSparkDrafter, apply_rope
 from engine.loader import cpu_has_bf16
+from engine.ngram import lookup_table
 
 POSITION_DECAY = 4.0  # w_k = exp(-k / 4), as DeepSpec
 LOSS_WEIGHTS = {"ce": 0.1, "l1": 0.9, "conf": 1.0}
@@ -46,6 +51,7 @@ class TrainConfig:
     init_from_target_layer: int | None = -1  # copy this target layer into the draft layers (None: random)
     init_from: str | None = None  # warm start: a trained drafter folder; layers beyond its own start as identities
     mask_token_id: int | None = None
+    copy_hint_ngram: list[int] | None = None  # [min_n, max_n]: blocks read prompt lookup's proposals (None: masks)
     extra: dict = field(default_factory=dict)
 
 
@@ -70,6 +76,7 @@ def build_drafter(target, tc: TrainConfig, tap_layers: list[int], draft_vocab: t
         markov_rank=tc.markov_rank, markov_head_type="vanilla" if tc.markov_rank else None,
         enable_confidence_head=True, confidence_head_with_markov=tc.markov_rank > 0,
         draft_vocab_size=len(draft_vocab),
+        copy_hint_ngram=list(tc.copy_hint_ngram) if tc.copy_hint_ngram else None,
         extra={"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id},
     )
     torch.manual_seed(tc.seed)
@@ -96,7 +103,8 @@ def build_drafter(target, tc: TrainConfig, tap_layers: list[int], draft_vocab: t
 def warm_start(model: DSparkDrafter, base: DSparkDrafter) -> DSparkDrafter:
     """Load a trained drafter into `model` (same config but more layers). The extra layers go on top with zero output
     projections, so they start as identities: the grown model computes exactly what `base` does, and training
-    can only move it from there."""
+    can only move it from there. `model` may add copy hints that `base` lacks (no weights differ; the hints then
+    change what the blocks read, and training adapts to them)."""
     n = base.config.num_hidden_layers
     if n > model.config.num_hidden_layers:
         raise ValueError(f"cannot warm-start {model.config.num_hidden_layers} layers from a {n}-layer drafter")
@@ -134,10 +142,38 @@ class Batch:
     topk_local: torch.Tensor  # [A, G, K] top-k ids in draft-vocab index (-1 if outside)
     topk_p: torch.Tensor  # [A, G, K] their target probabilities
     valid: torch.Tensor  # [A, G] label exists
+    hints: torch.Tensor | None = None  # [A, G] prompt lookup's proposals for anchor + 1 .. anchor + G (-1: none)
+
+
+HINT_MEMO_SAMPLES = 4096  # samples whose hint tables each cache keeps (a sample is drawn many times in a run)
+_hint_memo: "weakref.WeakKeyDictionary[Cache, OrderedDict]" = weakref.WeakKeyDictionary()
+
+
+def sample_hints(cache: Cache, s: Sample, gamma: int, ngram: list[int]) -> torch.Tensor:
+    """Prompt lookup's proposals at every anchor of `s` [n_tokens - prompt_len, gamma] (row r: anchor prompt_len + r;
+    -1 where no n-gram matches), over the whole token list as the engine's index sees it. Memoised per cache
+    (least recently used first out), since computing a table is quadratic in the sample's length."""
+    memo = _hint_memo.setdefault(cache, OrderedDict())
+    key = (s.id, s.tok_off, gamma, tuple(ngram))
+    table = memo.get(key)
+    if table is None:
+        rows = lookup_table(cache.tokens(s).tolist(), gamma, ngram[0], ngram[1], start=s.prompt_len)
+        table = np.full((len(rows), gamma), -1, np.int64)
+        for r, draft in enumerate(rows):
+            if draft:
+                table[r] = draft
+        table = memo[key] = torch.from_numpy(table)
+        while len(memo) > HINT_MEMO_SAMPLES:
+            memo.popitem(last=False)
+    else:
+        memo.move_to_end(key)
+    return table
 
 
 def make_batch(cache: Cache, s: Sample, n_anchors: int, gamma: int, to_local: torch.Tensor,
-               rng: random.Random) -> Batch | None:
+               rng: random.Random, hint_ngram: list[int] | None = None) -> Batch | None:
+    """Anchors drawn from `s`'s answer and their teacher-forced targets; with `hint_ngram` ([min_n, max_n], a
+    drafter's copy_hint_ngram) also prompt lookup's proposals at each anchor."""
     tokens = torch.from_numpy(cache.tokens(s).astype(np.int64))
     P, N = s.prompt_len, s.n_tokens
     candidates = list(range(P, N - 1))  # anchor p: context < p, predicts p+1 .. p+gamma
@@ -153,7 +189,8 @@ def make_batch(cache: Cache, s: Sample, n_anchors: int, gamma: int, to_local: to
     top_ids = torch.from_numpy(ids)[rows]  # [A, G, K]
     top_p = torch.from_numpy(logp)[rows].exp()
     top_local = to_local[top_ids]
-    return Batch(cache.taps(s)[: N - 1].float(), a, block_ids, top_local[..., 0], top_local, top_p, valid)
+    hints = sample_hints(cache, s, gamma, hint_ngram)[a - P] if hint_ngram else None
+    return Batch(cache.taps(s)[: N - 1].float(), a, block_ids, top_local[..., 0], top_local, top_p, valid, hints)
 
 
 def forward_blocks(model: DSparkDrafter, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -167,9 +204,9 @@ def forward_blocks(model: DSparkDrafter, b: Batch) -> tuple[torch.Tensor, torch.
     cos_c, sin_c = model.rope(torch.arange(S, device=dev))
     blk_pos = b.anchors[:, None] + torch.arange(G, device=dev)
     cos_b, sin_b = model.rope(blk_pos)
-    ids = torch.full((A, G), cfg.mask_token_id, dtype=torch.long, device=dev)
-    ids[:, 0] = b.block_ids[:, 0]
-    x = model.embed_tokens(ids)
+    if cfg.copy_hint_ngram is not None and b.hints is None:
+        raise ValueError("a drafter with copy hints needs batches made with hint_ngram")
+    x = model.embed_tokens(model.block_input_ids(b.block_ids[:, 0], b.hints))
     # Block queries see context tokens before their anchor and every token of their own block.
     ctx_mask = torch.arange(S, device=dev)[None, :] < b.anchors[:, None]  # [A, S]
     same = torch.eye(A, dtype=torch.bool, device=dev).repeat_interleave(G, 1)  # [A, A*G]
@@ -215,13 +252,14 @@ def block_losses(logits, conf_logits, b: Batch) -> dict[str, torch.Tensor]:
 def evaluate(model: DSparkDrafter, cache: Cache, samples: list[Sample], to_local, max_anchors: int = 64,
              seed: int = 0) -> dict:
     """Greedy drafting exactly as at inference (the Markov head sees its own drafts), scored against the cached
-    answers. For greedily generated answers this is the real acceptance: tau = 1 + accepted prefix length."""
+    answers, with the copy hints inference reads where the drafter has them. For greedily generated answers this is
+    the real acceptance: tau = 1 + accepted prefix length."""
     rng = random.Random(seed)
     G = model.gamma
     accepted, total = np.zeros(G), 0
     taus, records = [], []
     for s in samples:
-        b = make_batch(cache, s, max_anchors, G, to_local, rng)
+        b = make_batch(cache, s, max_anchors, G, to_local, rng, hint_ngram=model.config.copy_hint_ngram)
         if b is None:
             continue
         with mixed_precision():
@@ -306,7 +344,8 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
         opt.zero_grad(set_to_none=True)
         sums = {"ce": 0.0, "l1": 0.0, "conf": 0.0}
         for s in rng.sample(samples, tc.samples_per_step):
-            b = make_batch(train_cache, s, tc.anchors_per_sample, tc.gamma, to_local, rng)
+            b = make_batch(train_cache, s, tc.anchors_per_sample, tc.gamma, to_local, rng,
+                           hint_ngram=model.config.copy_hint_ngram)
             if b is None:
                 continue
             with mixed_precision():

@@ -38,6 +38,9 @@ class DraftWork:
     anchor_pos: int  # the context must hold exactly the positions before it
     temperature: float = 0.0
     seed: int | None = None  # seeds this sequence's draft sampling on first use
+    # Copy hints, for a drafter that asks for them (Drafter.copy_hint_ngram): prompt lookup's proposal for the tokens
+    # at anchor_pos + 1, ... from the sequence so far ([] or None where no n-gram matches).
+    hint: list[int] | None = None
 
 
 @dataclass
@@ -63,6 +66,12 @@ class Drafter(Protocol):
     @property
     def tap_layers(self) -> list[int]:
         """The target's decoder layers whose outputs the drafter reads (the engine taps them)."""
+
+    @property
+    def copy_hint_ngram(self) -> tuple[int, int] | None:
+        """(min_n, max_n): the drafter reads prompt lookup's proposal by n-grams of these sizes (engine/ngram.py)
+        in its block, so the engine fills `DraftWork.hint`; None: it reads no hints (none are computed). A drafter
+        without this property reads none."""
 
     def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> DraftStep | None:
         """Apply the syncs, then propose a block per work item (None when there is no work)."""

@@ -37,3 +37,10 @@ class NgramIndex:
                     draft.append(draft[len(draft) - period])
                 return draft, n
         return [], 0
+
+
+def lookup_table(tokens: list[int], gamma: int, min_n: int = 2, max_n: int = 3, start: int = 0) -> list[list[int]]:
+    """What `NgramIndex.propose` answers for every prefix tokens[:p + 1], p = start .. len(tokens) - 1 (an empty
+    list where nothing matches): the copy hints a drafter was trained with, computed as the engine computes them."""
+    index = NgramIndex(min_n, max_n)
+    return [index.propose(tokens[: p + 1], gamma)[0] for p in range(start, len(tokens))]

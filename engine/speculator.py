@@ -11,6 +11,10 @@ round; its p_d is one-hot on the copied token, which keeps sampling lossless), a
 round. Both kinds of block then compete in the same verify-length choice: a lookup block's confidences are its own
 observed acceptance per position. In adaptive mode each kind has its own DraftGate, which scores the steps by what
 that kind delivered, the other kind's tokens and time taken out.
+
+A drafter that reads copy hints (`Drafter.copy_hint_ngram`) gets, with each block to propose, what prompt lookup
+by its n-gram sizes proposes after the anchor. A hint depends only on the sequence's own tokens, so the drafter's
+p_d is still a proposal fixed before verification, and verification stays lossless.
 """
 from __future__ import annotations
 
@@ -59,7 +63,8 @@ class SeqSpec:
     block: list[int] = field(default_factory=list)  # the drafted block
     by_lookup: bool = False  # whether the block came from prompt lookup rather than the drafter
     drafted_once: bool = False  # whether the drafter has drafted for it (DraftGate: fresh content)
-    lookup: NgramIndex | None = None  # +lookup modes: the n-grams of the text so far
+    lookup: NgramIndex | None = None  # +lookup modes, and copy hints by the same n: the n-grams of the text so far
+    hint_index: NgramIndex | None = None  # copy hints by other n than lookup's
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -82,6 +87,7 @@ class SpecCounters:
     lookup_drafts: int = 0  # of `drafts`, those drafted by prompt lookup
     lookup_draft_tokens: int = 0
     lookup_accepted_tokens: int = 0
+    hinted_drafts: int = 0  # (sequence, round) pairs sent to the drafter with a copy hint (Drafter.copy_hint_ngram)
     fallbacks: int = 0  # draft service failures that fell back to plain decoding
     draft_seconds: float = 0.0
 
@@ -90,6 +96,10 @@ class Speculator:
     def __init__(self, service: Drafter, default_mode: SpecMode, cost: StepCostModel, budget: int):
         self.service = service
         self.gamma = service.gamma
+        # The n-gram sizes of the copy hints the drafter reads, or None (then none are computed). A drafter that
+        # predates hints has no such property.
+        hint_ngram = getattr(service, "copy_hint_ngram", None)
+        self.hint_ngram = None if hint_ngram is None else (int(hint_ngram[0]), int(hint_ngram[1]))
         self.default_mode = default_mode
         self.cost = cost
         self.budget = budget
@@ -220,9 +230,19 @@ class Speculator:
                                                                                      - self.lookup_tokens))
 
     def _lookup(self, seq: Sequence) -> list[int]:
-        if seq.spec.lookup is None:
-            seq.spec.lookup = NgramIndex(LOOKUP_MIN_N, LOOKUP_MAX_N)
-        return seq.spec.lookup.propose(seq.token_ids, self.gamma)[0]
+        return self._ngram_index(seq, (LOOKUP_MIN_N, LOOKUP_MAX_N)).propose(seq.token_ids, self.gamma)[0]
+
+    @staticmethod
+    def _ngram_index(seq: Sequence, ngram: tuple[int, int]) -> NgramIndex:
+        """The sequence's n-gram index for sizes `ngram`: lookup's, shared with copy hints of the same sizes."""
+        spec = seq.spec
+        if ngram == (LOOKUP_MIN_N, LOOKUP_MAX_N):
+            if spec.lookup is None:
+                spec.lookup = NgramIndex(*ngram)
+            return spec.lookup
+        if spec.hint_index is None:
+            spec.hint_index = NgramIndex(*ngram)
+        return spec.hint_index
 
     def _tracker(self, seq: Sequence) -> AcceptanceTracker:
         return self.lookup_tracker if seq.spec.by_lookup else self.tracker
@@ -239,8 +259,12 @@ class Speculator:
             appended += computed - keep
             catch_up += max(0, computed - keep - (self.gamma + 1))
             seq.spec.context_len = computed
+            hint = None
+            if self.hint_ngram is not None:  # what lookup proposes after the anchor (the last of token_ids)
+                hint = self._ngram_index(seq, self.hint_ngram).propose(seq.token_ids, self.gamma)[0] or None
+                self.counters.hinted_drafts += hint is not None
             work.append(DraftWork(seq.request_id, seq.token_ids[-1], computed, seq.params.temperature,
-                                  seq.params.seed))
+                                  seq.params.seed, hint))
         t0 = time.perf_counter()
         try:
             step = self.service.step(syncs, work)

@@ -4,6 +4,8 @@
     nice -n 19 python scripts/campaign.py generate --folder runs/campaign     # background: answers -> cache + shards
     python scripts/campaign.py featurize --folder runs/campaign               # a new machine: shards -> cache
     nice -n 19 python scripts/campaign.py train --folder runs/campaign --steps 6000
+    nice -n 19 python scripts/campaign.py train --folder runs/campaign --run hints1 \
+        --init-from draft_service/weights/smollm2-135m-instruct --copy-hints 2 3  # warm start, with copy hints
     python scripts/campaign.py status --folder runs/campaign
     python scripts/campaign.py snapshot --folder runs/campaign     # plan + shards -> data/campaign (to commit)
     python scripts/campaign.py restore --folder runs/campaign      # a new machine: data/campaign -> the folder
@@ -105,7 +107,7 @@ def cmd_train(args) -> None:
     eos = target.generation_config.eos_token_id
     tc = TrainConfig(layers=args.layers, steps=args.steps, lr=args.lr, draft_vocab_size=args.draft_vocab,
                      init_from=args.init_from, mask_token_id=16, eval_every=args.eval_every,
-                     checkpoint_every=args.eval_every)
+                     checkpoint_every=args.eval_every, copy_hint_ngram=args.copy_hints)
     train(target, Cache(folder / "cache" / "train"), Cache(folder / "cache" / "heldout"), folder / "train" / args.run,
           tc, plan["tap_layers"], eos if isinstance(eos, list) else [eos], log=log.info, stop_after=args.stop_after)
 
@@ -161,6 +163,8 @@ def main() -> None:
         q.add_argument("--draft-vocab", type=int, default=12288)
         q.add_argument("--eval-every", type=int, default=250)
         q.add_argument("--init-from", default=None)
+        q.add_argument("--copy-hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
+                       help="train with copy hints: prompt lookup's proposals over n-grams of MIN_N..MAX_N tokens")
     args = ap.parse_args()
     if args.cmd == "cut":
         for split in ("heldout", "train"):

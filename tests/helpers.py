@@ -34,14 +34,30 @@ def make_tiny_model(family: str, folder: Path, tokenizer=None, vocab_size: int |
     return folder
 
 
-def make_tiny_drafter(folder, vocab_size: int, taps=(0, 2)):
-    """Save a random-init one-layer DSpark drafter over the tiny target's taps to `folder` and return it."""
+def make_tiny_drafter(folder, vocab_size: int, taps=(0, 2), copy_hint_ngram: list[int] | None = None):
+    """Save a random-init one-layer DSpark drafter over the tiny target's taps to `folder` and return it (reading
+    copy hints by n-grams of sizes `copy_hint_ngram` when given)."""
     cfg = DSparkConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
                        block_size=4, target_layer_ids=list(taps), mask_token_id=0, markov_rank=8,
-                       markov_head_type="vanilla", enable_confidence_head=True, confidence_head_with_markov=True)
+                       markov_head_type="vanilla", enable_confidence_head=True, confidence_head_with_markov=True,
+                       copy_hint_ngram=copy_hint_ngram)
     torch.manual_seed(0)
     DSparkDrafter(cfg).init_weights().save_pretrained(folder)
+    return folder
+
+
+def with_copy_hints(drafter_dir: Path, folder: Path, ngram=(2, 3)) -> Path:
+    """A copy of the drafter in `drafter_dir` at `folder`, the same weights, that reads copy hints by n-grams of
+    sizes `ngram` (config copy_hint_ngram) where it read mask tokens."""
+    import json
+    import shutil
+
+    folder = Path(folder)
+    shutil.copytree(drafter_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["copy_hint_ngram"] = list(ngram)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder
 
 

@@ -12,8 +12,7 @@ import torch
 from draft_service.actor import (DraftServiceProxy, draft_context_tokens, load_target_head,
                                  start_draft_actor)
 from engine import EngineConfig, LLMEngine, SamplingParams
-from tests.helpers import make_tiny_model
-from tests.helpers import make_tiny_drafter
+from tests.helpers import make_tiny_drafter, make_tiny_model, with_copy_hints
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -32,6 +31,12 @@ def models(tmp_path_factory, default_tokenizer):
     folder = tmp_path_factory.mktemp("actor")
     target = make_tiny_model("llama", folder / "target", default_tokenizer)
     return target, make_tiny_drafter(folder / "drafter", len(default_tokenizer))
+
+
+@pytest.fixture(scope="module")
+def hinted_drafter(models, tmp_path_factory):
+    """The tiny drafter, reading copy hints (by 2- and 3-grams)."""
+    return with_copy_hints(models[1], tmp_path_factory.mktemp("actor-hinted") / "drafter", (2, 3))
 
 
 def common(target):
@@ -83,14 +88,23 @@ def test_packed_tap_rows_survive_serialization_exactly(dtype):
         assert out[i].taps.dtype == dtype and torch.equal(out[i].taps, syncs[i].taps)
 
 
-def test_actor_drafts_equal_in_process_drafts(ray_cluster, models):
+@pytest.mark.parametrize("hinted", [False, True], ids=["plain", "copy-hints"])
+def test_actor_drafts_equal_in_process_drafts(ray_cluster, models, request, hinted):
+    """The same drafts through the actor as in process; with a drafter that reads copy hints, the hints travel to
+    the actor and change its drafts there as they do in process."""
+    from engine.drafter import ContextSync, DraftWork
+
     target, drafter = models
+    if hinted:
+        drafter = request.getfixturevalue("hinted_drafter")
     cfg = EngineConfig(**common(target), speculation="fixed:3")
     local = LLMEngine(cfg.model_copy(update={"drafter": str(drafter)}))
     actor = start_draft_actor(str(drafter), str(target), "float64", "cpu",
                               draft_context_tokens(target, cfg, torch.float64, torch.device("cpu")), num_cpus=1)
     proxy = DraftServiceProxy(actor)
-    assert (proxy.gamma, proxy.tap_layers) == (local.speculator.service.gamma, local.speculator.service.tap_layers)
+    service = local.speculator.service
+    assert (proxy.gamma, proxy.tap_layers) == (service.gamma, service.tap_layers)
+    assert proxy.copy_hint_ngram == service.copy_hint_ngram == ((2, 3) if hinted else None)
     remote = LLMEngine(cfg, drafter_factory=lambda target: proxy)
     prompts = ["Hello there", "The quick brown fox", [5, 6, 7, 8, 9]]
     for params in (SamplingParams(max_tokens=20, ignore_eos=True),
@@ -100,6 +114,19 @@ def test_actor_drafts_equal_in_process_drafts(ray_cluster, models):
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         assert [o.metrics["num_draft_tokens"] for o in got] == [o.metrics["num_draft_tokens"] for o in want]
     assert remote.speculator.counters.fallbacks == 0 and remote.speculator.counters.draft_rounds > 0
+    assert remote.speculator.hint_ngram == ((2, 3) if hinted else None)  # the engine computes hints for the actor
+    # This random target's answers never repeat, so lookup has no hints for them: one round straight through the
+    # proxy instead, a block read with a hint beside the same block read with mask tokens.
+    taps = torch.randn(5, len(proxy.tap_layers) * 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    syncs = [ContextSync("hinted", 0, taps), ContextSync("masked", 0, taps)]
+    work = [DraftWork("hinted", 7, 5, hint=[9, 10, 11]), DraftWork("masked", 7, 5)]
+    there, here = proxy.step(syncs, work), service.step(syncs, work)
+    assert there.tokens == here.tokens
+    torch.testing.assert_close(torch.tensor(there.confidences), torch.tensor(here.confidences), rtol=0, atol=1e-12)
+    gap = max(abs(a - b) for a, b in zip(*there.confidences))
+    assert gap > 1e-9 if hinted else gap < 1e-12, gap  # the hint reached the drafter, which read it (if it reads any)
+    proxy.release(["hinted", "masked"])
+    service.release(["hinted", "masked"])
     assert proxy.stats()["live_contexts"] == 0
     ray.kill(actor, no_restart=True)
 

@@ -74,8 +74,10 @@ def ref_rope(x, pos, theta):
     return x * cos + rotated * sin
 
 
-def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced=None, draft_vocab=None):
-    """Returns tokens [G], p_d [G, V], confidence [G]. `forced` teacher-forces the chosen tokens."""
+def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced=None, draft_vocab=None,
+              block_tokens=None):
+    """Returns tokens [G], p_d [G, V], confidence [G]. `forced` teacher-forces the chosen tokens; `block_tokens` [G]
+    are the block's input tokens (default: the anchor, then mask tokens)."""
     eps, H, Hkv, hd, G = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.block_size
 
     def lin(x, name):
@@ -84,7 +86,7 @@ def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced
 
     ctx = ref_rms(taps @ W["fc.weight"].T, W["hidden_norm.weight"], eps)
     T = ctx.shape[0]
-    x = W["embed_tokens.weight"][torch.tensor([anchor] + [cfg.mask_token_id] * (G - 1))]
+    x = W["embed_tokens.weight"][torch.tensor(block_tokens or [anchor] + [cfg.mask_token_id] * (G - 1))]
     bpos = anchor_pos + torch.arange(G)
     # Block queries see every context token and every block token (non-causal block).
     allowed = torch.ones(G, T + G, dtype=torch.bool)
@@ -564,3 +566,81 @@ def test_draft_layers_in_one_call_give_the_python_loops_bits(dtype):
         assert torch.equal(one_call.tokens, python.tokens)
         assert torch.equal(one_call.probs, python.probs)
         assert torch.equal(one_call.confidence, python.confidence)
+
+
+# --------------------------------------------------------------------------- copy hints
+def test_copy_hints_take_the_place_of_mask_tokens():
+    """A drafter with copy_hint_ngram reads, at block position k >= 1, the hint for anchor + k instead of the mask
+    token: its drafts are the reference's for the block input [anchor, hint..., mask...]. The engine sends gamma
+    hint tokens, of which the last is never read; a short hint leaves mask tokens after it; no hint, all masks."""
+    cfg = make_cfg(copy_hint_ngram=[2, 3])
+    model = make_model(cfg)
+    W, G, mask = weights(model), cfg.block_size, cfg.mask_token_id
+    lens, anchors = [9, 1, 23, 14], [5, 17, 59, 0]
+    hints = [[3, 4, 5, 6], [8, 9], None, []]
+    taps = [rand_taps(cfg, n, seed=i) for i, n in enumerate(lens)]
+    pool = DraftContextPool(model, max_tokens=256)
+    hs = [pool.create_context() for _ in lens]
+    pool.append_many([(h, t, torch.arange(len(t))) for h, t in zip(hs, taps)])
+    hinted = pool.propose([DraftRequest(h, a, n, hint=hint) for h, a, n, hint in zip(hs, anchors, lens, hints)])
+    masked = pool.propose([DraftRequest(h, a, n) for h, a, n in zip(hs, anchors, lens)])
+    for b, (t, a, n, hint) in enumerate(zip(taps, anchors, lens, hints)):
+        block = [a] + ((hint or [])[: G - 1] + [mask] * G)[: G - 1]
+        toks, probs, conf = ref_draft(W, cfg, t, torch.arange(n), a, n, block_tokens=block)
+        assert torch.equal(hinted.tokens[b], toks)
+        torch.testing.assert_close(hinted.probs[b], probs, rtol=0, atol=1e-12)
+        torch.testing.assert_close(hinted.confidence[b], conf, rtol=0, atol=1e-12)
+        assert torch.equal(model.block_input_ids(torch.tensor([a]), torch.tensor([(hint or [])[: G - 1] + [-1] * G])),
+                           torch.tensor([block]))
+        changed = not torch.equal(hinted.probs[b], masked.probs[b])
+        assert changed == bool(hint), b  # a hint changes the drafter's input, and so its p_d; none changes nothing
+
+
+def test_a_drafter_without_copy_hints_ignores_them():
+    cfg = make_cfg()
+    model = make_model(cfg)
+    pool = DraftContextPool(model, max_tokens=128)
+    hs = [pool.create_context() for _ in range(2)]
+    pool.append_many([(h, rand_taps(cfg, 7, seed=i), torch.arange(7)) for i, h in enumerate(hs)])
+    hinted = pool.propose([DraftRequest(hs[0], 5, 7, hint=[3, 4, 5, 6]), DraftRequest(hs[1], 9, 7, hint=[1, 2])])
+    plain = pool.propose([DraftRequest(hs[0], 5, 7), DraftRequest(hs[1], 9, 7)])
+    assert torch.equal(hinted.tokens, plain.tokens) and torch.equal(hinted.probs, plain.probs)
+    assert torch.equal(hinted.confidence, plain.confidence)
+    ids = torch.tensor([5, 9])
+    assert torch.equal(model.block_input_ids(ids, torch.tensor([[3, 4, 5], [1, 2, -1]])), model.block_input_ids(ids))
+    # Requests for the same block share a backbone pass; hints it never reads cannot disagree.
+    pool.propose([DraftRequest(hs[0], 5, 7, hint=[3, 4]), DraftRequest(hs[0], 5, 7, hint=[8])])
+
+
+def test_requests_for_one_block_share_its_hint():
+    """Several requests for the same block (context, anchor) share one backbone pass, so they must read the same
+    hint (the same prefix gives the same lookup); a disagreement is a caller's bug and raises."""
+    cfg = make_cfg(copy_hint_ngram=[2, 3])
+    pool = DraftContextPool(make_model(cfg), max_tokens=64)
+    h = pool.create_context()
+    pool.append(h, rand_taps(cfg, 5, seed=1), torch.arange(5))
+    alone = pool.propose([DraftRequest(h, 3, 5, hint=[7, 8, 9, 10])])
+    twice = pool.propose([DraftRequest(h, 3, 5, hint=[7, 8, 9, 10]), DraftRequest(h, 3, 5, hint=[7, 8, 9, 11])])
+    assert torch.equal(twice.tokens[0], alone.tokens[0]) and torch.equal(twice.tokens[1], alone.tokens[0])
+    with pytest.raises(ValueError, match="differ in hint"):
+        pool.propose([DraftRequest(h, 3, 5, hint=[7, 8, 9]), DraftRequest(h, 3, 5, hint=[7, 8])])
+
+
+def test_draft_service_carries_hints_and_names_its_ngram_sizes():
+    """DraftService (the engine's Drafter) passes each DraftWork's hint on to the drafter, and tells the engine the
+    n-gram sizes of the hints it reads (None for a drafter that reads none)."""
+    from draft_service.service import DraftService
+    from engine.drafter import ContextSync, DraftWork
+
+    cfg = make_cfg(copy_hint_ngram=[2, 3])
+    model = make_model(cfg)
+    service = DraftService(model, max_context_tokens=128)
+    assert service.copy_hint_ngram == (2, 3)
+    assert DraftService(make_model(make_cfg()), max_context_tokens=64).copy_hint_ngram is None
+    taps = rand_taps(cfg, 6, seed=3)
+    step = service.step([ContextSync("a", 0, taps), ContextSync("b", 0, taps)],
+                        [DraftWork("a", 5, 6, hint=[3, 4, 5, 6]), DraftWork("b", 5, 6)])
+    for row, block in ((0, [5, 3, 4, 5]), (1, [5] + [cfg.mask_token_id] * 3)):
+        toks, _, conf = ref_draft(weights(model), cfg, taps, torch.arange(6), 5, 6, block_tokens=block)
+        assert step.tokens[row] == toks.tolist()
+        torch.testing.assert_close(torch.tensor(step.confidences[row], dtype=F64), conf, rtol=0, atol=1e-12)

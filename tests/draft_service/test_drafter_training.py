@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from draft_service.calibrate import ece, fit_sts, survival
-from draft_service.data import Cache, generate_cache
-from draft_service.train import (LOSS_WEIGHTS, TrainConfig, block_losses, build_drafter, forward_blocks,
-                                 local_index, make_batch, train)
+from draft_service.data import Cache, CacheWriter, generate_cache
+from draft_service.model import DSparkDrafter
+from draft_service.train import (LOSS_WEIGHTS, TrainConfig, block_losses, build_drafter, evaluate, forward_blocks,
+                                 local_index, make_batch, train, warm_start)
 from engine import EngineConfig, LLMEngine
+from engine.ngram import NgramIndex
 from tests.helpers import make_tiny_model
 
 TAPS = [0, 2]
@@ -134,3 +136,127 @@ def test_sts_recovers_temperature_lowers_ece_and_keeps_order():
     c_before, c_after = 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(-z / temps))
     for k in range(G):
         assert (np.argsort(c_before[:, k], kind="stable") == np.argsort(c_after[:, k], kind="stable")).all()
+
+
+# -- copy hints ---------------------------------------------------------------------------------------------------
+COPY_VOCAB = 32
+
+
+def write_copy_cache(folder, n_samples: int, seed: int, width: int) -> Cache:
+    """Answers that copy a span of their prompt (then two random tokens), as a target that quotes would give. A
+    position's tap is a fixed random vector of its token: the context says which tokens came before, not what
+    follows them, so only the copy hints tell a one-layer drafter what the copy goes on with."""
+    rng = random.Random(seed)
+    tap_of = torch.randn(COPY_VOCAB, width, generator=torch.Generator().manual_seed(1234))
+    writer = CacheWriter(folder, width, topk=4)
+    for i in range(n_samples):
+        prompt = [rng.randrange(3, COPY_VOCAB) for _ in range(rng.randint(12, 20))]
+        span = rng.randint(8, 12)
+        start = rng.randrange(len(prompt) - span + 1)
+        tokens = prompt + prompt[start: start + span] + [rng.randrange(3, COPY_VOCAB) for _ in range(2)]
+        writer.add(f"c{i}", tokens, len(prompt), tap_of[torch.tensor(tokens[:-1])],
+                   [{t: 0.0} for t in tokens[len(prompt):]], 0.0)  # the target is sure of the next token
+    writer.close()
+    return Cache(folder)
+
+
+@pytest.fixture(scope="module")
+def copy_caches(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("copy-train")
+    model_dir = make_tiny_model("llama", folder / "target", vocab_size=COPY_VOCAB, tie_word_embeddings=True)
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        # A direction every token's embedding shares, as a trained model's do (a random init has none): attending to
+        # "the next position, whatever its token" needs it. Tied, it adds the same to every logit: softmax unchanged.
+        target.get_input_embeddings().weight += 0.2 * torch.randn(target.config.hidden_size,
+                                                                  generator=torch.Generator().manual_seed(7))
+    width = len(TAPS) * target.config.hidden_size
+    return (target, write_copy_cache(folder / "train", 1024, 0, width),
+            write_copy_cache(folder / "heldout", 48, 1, width))
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same float sums on every machine, and no contention with other jobs
+    yield
+    torch.set_num_threads(threads)
+
+
+def paged_block_hidden(model, taps, anchors, anchor_ids, hints):
+    """The inference path: each anchor's context (taps before it) in a DraftContextPool, and block_hidden_paged over
+    the pool's pages, set up as DraftContextPool.propose sets it up (block slots lent just past each context)."""
+    from draft_service.context import DraftContextPool
+    from engine.attention import build_metadata
+
+    cfg, G = model.config, model.gamma
+    pool = DraftContextPool(model, max_tokens=len(anchors) * (taps.shape[0] + 2 * G + 32), kernels=False)
+    tables, lens = [], []
+    for p in anchors.tolist():
+        handle = pool.create_context()
+        pool.append(handle, taps[:p], torch.arange(p))
+        ctx = pool._get(handle)
+        while len(ctx.pages) * pool.page_size < ctx.length + G:
+            ctx.pages.append(pool._free.pop())
+        tables.append(ctx.pages)
+        lens.append(ctx.length)
+    meta = build_metadata([(G, n, t) for n, t in zip(lens, tables)], pool.page_size,
+                          cfg.num_attention_heads // cfg.num_key_value_heads, model.device, fused=pool.ops.fused,
+                          causal=False)
+    return model.block_hidden_paged(anchor_ids, anchors, meta, pool.cache, pool.ops, hints)
+
+
+@pytest.mark.parametrize("hint_ngram", [None, [2, 3]])
+def test_training_blocks_compute_what_inference_drafts(copy_caches, hint_ngram):
+    """forward_blocks (all anchors of a sample at once, context by mask) gives the hidden states that the pool's paged
+    path gives each anchor alone; with copy hints both read the same lookup proposals."""
+    target, cache, _ = copy_caches
+    tc = TrainConfig(gamma=5, markov_rank=8, draft_vocab_size=COPY_VOCAB, mask_token_id=1, copy_hint_ngram=hint_ngram)
+    model = build_drafter(target, tc, TAPS, torch.arange(COPY_VOCAB)).eval()
+    s = cache.samples[7]
+    b = make_batch(cache, s, 64, model.gamma, local_index(model), random.Random(0), hint_ngram=hint_ngram)
+    if hint_ngram is None:
+        assert b.hints is None
+    else:  # the lookup's proposals, read where they exist and masks elsewhere
+        tokens = cache.tokens(s).tolist()
+        for p, row in zip(b.anchors.tolist(), b.hints.tolist()):
+            want = NgramIndex(*hint_ngram).propose(tokens[: p + 1], model.gamma)[0]
+            assert row == (want or [-1] * model.gamma)
+        ids = model.block_input_ids(b.block_ids[:, 0], b.hints)
+        assert (ids[:, 1:] != tc.mask_token_id).any() and (ids[:, 1:] == tc.mask_token_id).any()
+    with torch.no_grad():
+        want, _, _ = forward_blocks(model, b)
+    got = paged_block_hidden(model, b.taps, b.anchors, b.block_ids[:, 0], b.hints)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if hint_ngram is not None:  # the hints change what the block computes
+        with torch.no_grad():
+            masked = paged_block_hidden(model, b.taps, b.anchors, b.block_ids[:, 0], None)
+        assert (masked - got).abs().max() > 1e-2
+
+
+def test_copy_hints_teach_the_drafter_to_copy(copy_caches, tmp_path, one_thread):
+    """On answers that quote their prompt, a drafter trained with copy hints drafts far longer accepted runs than
+    the same drafter trained (same seed, same steps) without them. The hint run is cut short and resumed from its
+    checkpoint with a config that lacks hints: the checkpoint's config (hints included) wins."""
+    target, cache, heldout = copy_caches
+    tc = TrainConfig(gamma=4, markov_rank=16, draft_vocab_size=COPY_VOCAB, anchors_per_sample=16, samples_per_step=4,
+                     steps=200, lr=1e-2, eval_every=10**6, checkpoint_every=10**6, mask_token_id=1)
+    quiet = dict(log=lambda *_: None)
+    plain = train(target, cache, None, tmp_path / "plain", tc, TAPS, [2], **quiet)
+    hinted_tc = dataclasses.replace(tc, copy_hint_ngram=[2, 3])
+    train(target, cache, None, tmp_path / "hints", hinted_tc, TAPS, [2], stop_after=100, **quiet)
+    hinted = train(target, cache, None, tmp_path / "hints", tc, TAPS, [2], **quiet)
+    assert plain.config.copy_hint_ngram is None and hinted.config.copy_hint_ngram == [2, 3]
+    saved = DSparkDrafter.from_pretrained(tmp_path / "hints" / "drafter", dtype=torch.float32,
+                                          target_embed=target.get_input_embeddings().weight,
+                                          target_lm_head=target.get_output_embeddings().weight)
+    assert saved.config.copy_hint_ngram == [2, 3]
+    tau_plain = evaluate(plain, heldout, heldout.samples, local_index(plain))["tau"]
+    tau_hinted = evaluate(hinted, heldout, heldout.samples, local_index(hinted))["tau"]
+    assert tau_hinted > tau_plain + 1.0, (tau_plain, tau_hinted)
+    # A drafter trained without hints warm-starts one with them: same weights, and the hints change its drafts.
+    grown = warm_start(build_drafter(target, hinted_tc, TAPS, plain.draft_vocab), plain)
+    for (name, a), b in zip(plain.state_dict().items(), grown.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from engine.ngram import NgramIndex
+from engine.ngram import NgramIndex, lookup_table
 from engine.spec_mode import SpecMode, parse_speculation
 
 
@@ -53,6 +53,24 @@ def test_no_match_and_the_suffix_never_matches_itself():
     assert NgramIndex(2, 3).propose([5, 5, 5], 4) == ([5, 5, 5, 5], 2)
     with pytest.raises(ValueError):
         NgramIndex(0, 3)
+
+
+@pytest.mark.parametrize("min_n,max_n,vocab", [(2, 3, 5), (1, 2, 9), (3, 4, 3)])
+def test_lookup_table_is_what_the_index_proposes_at_every_prefix(min_n, max_n, vocab):
+    """The copy hints a drafter trains on are the engine's own proposals: each row equals a fresh index's answer for
+    that prefix (and a brute-force search's)."""
+    rng = random.Random(min_n * 100 + max_n * 10 + vocab)
+    matched = unmatched = 0
+    for _ in range(15):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randint(1, 50))]
+        start = rng.randint(0, len(tokens) - 1)
+        table = lookup_table(tokens, 6, min_n, max_n, start=start)
+        assert len(table) == len(tokens) - start
+        for p, row in enumerate(table, start):
+            assert row == NgramIndex(min_n, max_n).propose(tokens[: p + 1], 6)[0]
+            assert row == brute_force(tokens[: p + 1], 6, min_n, max_n)[0]
+            matched, unmatched = matched + bool(row), unmatched + (not row)
+    assert matched and unmatched  # both kinds of row ran
 
 
 @pytest.mark.parametrize("text,mode", [

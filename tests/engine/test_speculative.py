@@ -17,7 +17,7 @@ from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine import rejection_sampler
 from engine.draft_gate import DraftGate
 from engine.step_cost import Curve, StepCostModel
-from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_model, with_copy_hints
 
 TAPS = [0, 2]
 
@@ -101,10 +101,17 @@ def random_prompts(n, seed, lo=3, hi=30, vocab=128):
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("mode", ["adaptive", "fixed:2", "fixed:5", "threshold:0.1", "adaptive+lookup",
-                                  "fixed:5+lookup"])
-def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, tmp_path, default_tokenizer, mode):
-    target_dir, drafter_dir = trained_pair
+@pytest.mark.parametrize("mode,hints", [
+    *[pytest.param(m, None, id=m) for m in ("adaptive", "fixed:2", "fixed:5", "threshold:0.1", "adaptive+lookup",
+                                            "fixed:5+lookup")],
+    # a drafter that reads copy hints, by lookup's n-gram sizes (sharing its index) and by others
+    pytest.param("fixed:5", (2, 3), id="fixed:5-hints:2-3"), pytest.param("adaptive", (1, 3), id="adaptive-hints:1-3")])
+def test_greedy_speculation_equals_plain_decoding_float64(request, tmp_path, default_tokenizer, mode, hints):
+    if hints:  # a target whose answers repeat themselves (so lookup finds hints), its drafter reading them
+        target_dir, drafter_dir = request.getfixturevalue("looping_pair")
+        drafter_dir = with_copy_hints(drafter_dir, tmp_path / "hinted", hints)
+    else:
+        target_dir, drafter_dir = request.getfixturevalue("trained_pair")
     if mode.endswith("+lookup"):  # a target whose answers repeat themselves, so that lookup finds matches
         target_dir = make_predictable_target(tmp_path / "looping", default_tokenizer, seed=4, scale=0.005)
     common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
@@ -131,6 +138,7 @@ def test_greedy_speculation_equals_plain_decoding_float64(trained_pair, tmp_path
         assert c.drafts > c.lookup_drafts, c
     else:
         assert c.lookup_drafts == 0
+    assert (c.hinted_drafts > 0) == bool(hints), c  # hints were sent (only) to a drafter that reads them
     assert spec.block_manager.num_used == 0
     assert spec.speculator.service.stats()["live_contexts"] == 0
     m = got[0].metrics
@@ -262,16 +270,20 @@ def de_bruijn(k: int, n: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fixed:3", "fixed:3+lookup"])
-def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, monkeypatch, mode):
+@pytest.mark.parametrize("mode,hints", [("fixed:3", False), ("fixed:3+lookup", False), ("fixed:3", True)],
+                         ids=["fixed:3", "fixed:3+lookup", "fixed:3-hints"])
+def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_path, monkeypatch, mode, hints):
     """The drafter's blocks, or, with +lookup, blocks copied from a prompt that holds every 2-gram of the vocabulary
-    (so lookup matches at every step, and copies by a one-hot p_d)."""
+    (so lookup matches at every step, and copies by a one-hot p_d), or the blocks of a drafter that reads copy
+    hints (its p_d a function of the hint), from that prompt (so every block has a hint)."""
     target_dir, drafter_dir = tiny_vocab_pair
+    if hints:
+        drafter_dir = with_copy_hints(drafter_dir, tmp_path / "hinted", (2, 3))
     engine = LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", device="cpu", drafter=str(drafter_dir),
                                     speculation=mode, max_num_seqs=256, max_num_batched_tokens=4096,
                                     kv_cache_memory_gb=0.2, max_waiting=N_SAMPLES))
     assert engine.speculator is not None, engine.drafter_error
-    prompt = de_bruijn(V, 2) if mode.endswith("+lookup") else [1, 4, 5, 6]
+    prompt = de_bruijn(V, 2) if mode.endswith("+lookup") or hints else [1, 4, 5, 6]
     law = exact_law(target_dir, prompt, PARAMS)
     counts = sample_first_three(engine, prompt, PARAMS, N_SAMPLES)
     c = engine.speculator.counters
@@ -279,9 +291,12 @@ def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, monke
     assert 0.02 * c.draft_tokens < c.accepted_tokens < 0.95 * c.draft_tokens
     assert c.verify_length_hist[3] > 0
     assert c.lookup_drafts == (c.drafts if mode.endswith("+lookup") else 0), c
+    assert c.hinted_drafts * 3 == (c.proposed_tokens if hints else 0), c  # with hints, every block had one
     p = chi_square_p(counts, law)
     assert p > 1e-3, p
 
+    if hints:
+        return  # the test's power against a broken rule is shown by the cases without hints
     # The same test catches a broken acceptance rule: resample from p_t instead of the residual at a rejection.
     original = rejection_sampler.verify_random
 
