@@ -118,11 +118,16 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=4,
                     help="static batches: a cell at concurrency c runs ceil(N / c) batches of c different prompts back "
                          "to back, so that a low-concurrency cell is not one prompt's answer")
+    ap.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,4,16,64; --quick 1,4)")
+    ap.add_argument("--mixes", default=",".join(MIXES), help="comma-separated subset of " + ",".join(MIXES))
     args = ap.parse_args()
     modes = ["off"] + [m for m in MODES if m != "off" and m in args.modes.split(",")]
     adaptive_modes = [m for m in modes if m.startswith("adaptive")]
     fixed_modes = [m for m in modes if m.startswith("fixed:")]
     concs = [1, 4] if args.quick else CONCURRENCY
+    if args.concurrency:
+        concs = [int(c) for c in args.concurrency.split(",")]
+    mixes = {m: MIXES[m] for m in args.mixes.split(",")}
     n_new = 32 if args.quick else args.new_tokens
 
     from draft_service.prompts import load_prompts
@@ -130,7 +135,7 @@ def main() -> None:
 
     report = {"new_tokens": n_new, "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"), "modes": modes,
               "waves": args.waves, "min_requests": args.min_requests if args.waves == 1 else None, "mixes": {}}
-    for mix, (split, temperature) in MIXES.items():
+    for mix, (split, temperature) in mixes.items():
         engine = LLMEngine(EngineConfig(drafter=args.drafter, max_num_seqs=64, max_num_batched_tokens=2048,
                                         kv_cache_memory_gb=1.0))
         if engine.speculator is None:
