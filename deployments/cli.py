@@ -62,7 +62,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     tc = TrainConfig(layers=args.layers, markov_rank=args.markov_rank, gamma=args.gamma,
                      draft_vocab_size=args.draft_vocab, anchors_per_sample=args.anchors,
                      samples_per_step=args.samples_per_step, steps=args.steps, lr=args.lr, seed=args.seed,
-                     mask_token_id=args.mask_token_id, init_from=args.init_from)
+                     mask_token_id=args.mask_token_id, init_from=args.init_from,
+                     copy_hint_ngram=list(args.copy_hints) if args.copy_hints else None)
     taps = [int(t) for t in args.taps.split(",")] if args.taps else DEFAULT_TAPS
     temps = parse_temperatures(args.temperatures)
     final = train_drafter(Path(args.out), model=args.model, prompts=args.prompts, eval_prompts=args.eval_prompts,
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--init-from", default=None,
                     help="warm start from this drafter folder; extra --layers start as identities on top")
     tr.add_argument("--cache", default=None, help="caches of the target's answers (default: OUT/cache; reused)")
+    tr.add_argument("--copy-hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
+                    help="the drafter reads prompt lookup's proposals by n-grams of MIN_N..MAX_N tokens")
     tr.set_defaults(func=cmd_train_drafter)
 
     cal = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a drafter's confidences")
