@@ -261,7 +261,7 @@ class Speculator:
             seq.spec.context_len = computed
             hint = None
             if self.hint_ngram is not None:  # what lookup proposes after the anchor (the last of token_ids)
-                hint = self._ngram_index(seq, self.hint_ngram).propose(seq.token_ids, self.gamma)[0] or None
+                hint = self._ngram_index(seq, self.hint_ngram).propose(seq.token_ids, self.gamma - 1)[0] or None
                 self.counters.hinted_drafts += hint is not None
             work.append(DraftWork(seq.request_id, seq.token_ids[-1], computed, seq.params.temperature,
                                   seq.params.seed, hint))
