@@ -12,14 +12,19 @@ Metrics per level (vLLM's benchmark definitions):
     TPOT   (end-to-end - TTFT) / (output tokens - 1), per request
     throughput  output tokens / s and requests / s over the level's wall time
     goodput     requests / s meeting the SLO: TTFT < 2 s and TPOT < 200 ms (--slo-ttft-s, --slo-tpot-ms)
-HTTP vs in-process (for each app layout, --ingress-modes): the same prompts and params through LLMEngine (same engine config, in-process drafter), one at a
-time (latency) and all at once (throughput), and whether greedy texts match. Actor vs in-process drafter: the cost of
+HTTP vs in process, at every level: the same prompts, params and closed loop through LLMEngine in this process
+(same engine config, in-process drafter, every core), alternating with the HTTP level for --rounds rounds; the ratio
+of tokens/s, the TTFT p50 gap, each side's mean engine step, whether greedy texts match, and the HTTP level's CPU time
+per kind of process (engine, replica, proxy, ingress, draft actor, Ray, this client). The local app is sized as
+`dspark serve` sizes it (deployments.cli.single_machine_sizing); --set changes any serving config field.
+Actor vs in-process drafter: the cost of
 one draft round (sync one new tap row per sequence + propose) for B sequences, in-process, through the actor's
 channel, and through a plain Ray actor call; each pair computes on the same core.
 
     .venv/bin/python bench/serve_bench.py            # starts a local Ray and the app on a free loopback port
     .venv/bin/python bench/serve_bench.py --url http://127.0.0.1:8000   # a running `dspark serve` (same --model)
     .venv/bin/python bench/serve_bench.py --quick    # concurrency 1 and 4, 32 new tokens, short levels
+    .venv/bin/python bench/serve_bench.py --concurrency 64 --modes off --set torch_threads=1   # one variant
 Writes bench/results/serve_bench[_quick].json and .png. Loopback only.
 """
 from __future__ import annotations
@@ -141,15 +146,23 @@ def summarize(results: list[dict], slo_ttft: float, slo_tpot: float) -> dict:
 # ----- the server under test ----------------------------------------------------------------------------------
 
 
-def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "separate") -> tuple[str, callable]:
-    """A local Ray + the app on a free loopback port (deployments.launch). Returns (base url, stop)."""
+def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "in_replica",
+                    overrides: dict | None = None) -> tuple[str, callable]:
+    """A local Ray + the app on a free loopback port (deployments.launch), sized as `dspark serve` sizes it on this
+    machine. `overrides`: serving config fields (nested dicts). Returns (base url, stop)."""
     from contextlib import ExitStack
 
     from deployments.config import LLMServingConfig
     from deployments.launch import local_serve, run_app
 
-    config = LLMServingConfig(engine=engine_cfg, num_replicas=replicas, served_model_name="bench",
-                              drafter_mode="actor" if engine_cfg.drafter else "none", ingress_mode=ingress_mode)
+    from deployments.cli import single_machine_sizing
+
+    fields = {"engine": engine_cfg.model_dump(), "num_replicas": replicas, "served_model_name": "bench",
+              "drafter_mode": "actor" if engine_cfg.drafter else "none", "ingress_mode": ingress_mode,
+              **single_machine_sizing(replicas)}
+    for key, value in (overrides or {}).items():
+        fields[key] = {**fields.get(key, {}), **value} if isinstance(value, dict) else value
+    config = LLMServingConfig.model_validate(fields)
     cluster = ExitStack()
     port = cluster.enter_context(local_serve(num_cpus=max(4, os.cpu_count() or 1), object_store_mb=200))
     try:
@@ -177,67 +190,171 @@ def random_drafter(target_dir: Path, out: Path) -> Path:
     return out
 
 
-# ----- HTTP vs in-process ---------------------------------------------------------------------------------------
+# ----- HTTP vs in-process, per level ------------------------------------------------------------------------------
 
 
 class InProcess:
-    """The same requests through LLMEngine in this process (same engine config, in-process drafter)."""
+    """The same requests through LLMEngine in this process (same engine config, in-process drafter), driven the way
+    the HTTP clients drive the server: `concurrency` requests in flight, the next one added when one finishes."""
 
-    def __init__(self, engine_cfg, prompts: list, max_tokens: int, mode: str):
-        from engine import LLMEngine, SamplingParams
+    def __init__(self, engine_cfg, prompts: list):
+        from engine import LLMEngine
 
         self.engine = LLMEngine(engine_cfg)
         tok = self.engine.tokenizer
         self.ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
                                                  return_dict=True)["input_ids"]) for m in prompts]
-        self.params = SamplingParams(max_tokens=max_tokens, speculation=mode)
 
-    def run(self, batch: list[tuple[int, list[int]]]) -> list:
-        for i, p in batch:
-            self.engine.add_request(f"b{i}-{time.monotonic_ns()}", p, self.params)
-        outs = []
-        while self.engine.has_unfinished_requests():
-            outs += [o for o in self.engine.step() if o.finished]
-        return outs
+    def level(self, concurrency: int, n_requests: int, max_tokens: int, mode: str) -> list[dict]:
+        from engine import SamplingParams
 
-    def one_at_a_time(self) -> list:
-        return [self.run([(i, p)])[0] for i, p in enumerate(self.ids)]
+        params = SamplingParams(max_tokens=max_tokens, speculation=mode)
+        engine, pending, live, results = self.engine, list(range(n_requests)), {}, []
 
-    def batch_tok_s(self) -> float:
+        def admit():
+            i = pending.pop(0)
+            rid = f"ip{i}-{time.monotonic_ns()}"
+            live[rid] = {"index": i, "t0": time.perf_counter(), "ttft": None, "last": None, "itls": []}
+            engine.add_request(rid, self.ids[i % len(self.ids)], params)
+
         t0 = time.perf_counter()
-        outs = self.run(list(enumerate(self.ids)))
-        return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+        while pending and len(live) < concurrency:
+            admit()
+        while live:
+            outs = engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                r = live[o.request_id]
+                if o.new_token_ids:
+                    if r["ttft"] is None:
+                        r["ttft"] = now - r["t0"]
+                    else:
+                        r["itls"].append(now - r["last"])
+                    r["last"] = now
+                if o.finished:
+                    del live[o.request_id]
+                    n, e2e = len(o.token_ids), now - r["t0"]
+                    ttft = r["ttft"] if r["ttft"] is not None else e2e
+                    results.append({"index": r["index"], "ttft": ttft, "e2e": e2e, "itls": r["itls"], "tokens": n,
+                                    "tpot": (e2e - ttft) / (n - 1) if n > 1 else 0.0, "text": o.text,
+                                    "spec": o.metrics.get("speculative_decoding", {})})
+                    if pending:
+                        admit()
+        wall = time.perf_counter() - t0
+        for r in results:
+            r["wall"] = wall
+        return results
+
+    def step_counters(self) -> dict:
+        c = self.engine.counters
+        return {"steps": c.steps, "step_time_s": c.step_time_s}
 
 
-def http_vs_in_process(url: str, engine_cfg, prompts: list, max_tokens: int, mode: str, rounds: int) -> dict:
-    """Latency one request at a time, then throughput with all prompts at once: HTTP and in-process batches
-    alternate for `rounds` rounds (order flipped every round), and the ratio is the median of the per-round ratios,
-    so that both sides of a ratio ran within seconds of each other on this shared machine."""
-    local = InProcess(engine_cfg, prompts, max_tokens, mode)
-    seq = asyncio.run(run_level(url, prompts, 1, len(prompts), max_tokens, mode, 600))
-    local_seq = local.one_at_a_time()
-    http_tok_s, local_tok_s = [], []
+def _label(proc) -> str:
+    """What a process is, for the CPU profile; Ray's process titles name its actors ("ray::ServeReplica:...")."""
+    try:
+        cmd = proc.cmdline()
+    except Exception:
+        return proc.name()
+    line = " ".join(cmd)
+    if proc.pid == os.getpid():
+        return "load client (this process)"
+    if "engine.engine_process" in line:
+        return "engine process"
+    if line.startswith("ray::"):
+        title = cmd[0].removeprefix("ray::")
+        for key, name in (("ProxyActor", "Serve proxy"), ("LLMServer", "LLM replica"), ("OpenAIIngress", "ingress"),
+                          ("MetricsHub", "metrics hub"), ("DraftActor", "draft actor"),
+                          ("ServeController", "Serve controller")):
+            if key in title:
+                return name
+        return "ray::" + title.split(":")[0].split(".")[0]
+    for key in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env", "default_worker"):
+        if key in line:
+            return "ray " + key.removesuffix(".py")
+    return proc.name()
+
+
+def cpu_snapshot() -> dict[int, tuple[str, float, int, list[int]]]:
+    """Every process of this user: (label, CPU seconds so far, threads, allowed cores)."""
+    import psutil
+
+    out = {}
+    me = os.getuid()
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != me:
+                continue
+            t = proc.cpu_times()
+            out[proc.pid] = (_label(proc), t.user + t.system, proc.num_threads(), proc.cpu_affinity())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def cpu_profile(before: dict, after: dict, wall_s: float, tokens: int) -> dict:
+    """CPU time per kind of process over a level: cores kept busy on average, and CPU ms per output token."""
+    groups: dict[str, dict] = {}
+    for pid, (label, cpu, threads, cores) in after.items():
+        used = cpu - (before[pid][1] if pid in before else 0.0)
+        g = groups.setdefault(label, {"processes": 0, "cpu_s": 0.0, "threads": 0, "cores": sorted(cores)})
+        g["processes"] += 1
+        g["cpu_s"] += used
+        g["threads"] += threads
+    for g in groups.values():
+        g["busy_cores"] = g["cpu_s"] / wall_s
+        g["cpu_ms_per_token"] = 1000 * g["cpu_s"] / max(tokens, 1)
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]["cpu_s"]))
+
+
+def server_step_counters(url: str) -> dict:
+    import httpx
+
+    s = httpx.get(f"{url}/stats", timeout=30).json()
+    return {"steps": s.get("steps", 0), "step_time_s": s.get("step_time_s", 0.0)}
+
+
+def step_ms(before: dict, after: dict) -> float:
+    steps = after["steps"] - before["steps"]
+    return 1000 * (after["step_time_s"] - before["step_time_s"]) / steps if steps else float("nan")
+
+
+def compare_level(url: str, local: InProcess, prompts: list, c: int, n: int, max_tokens: int, mode: str,
+                  level_time: float, rounds: int, slo: tuple[float, float]) -> dict:
+    """One level over HTTP and in process, alternating for `rounds` rounds (order flipped every round) so that both
+    sides of a ratio ran within seconds of each other on this shared machine; the ratio is the median of the
+    rounds' ratios. The HTTP side's CPU profile and the engine's mean step time come from the last round."""
+    http, inproc = [], []
     for r in range(rounds):
         for side in (("http", "local") if r % 2 == 0 else ("local", "http")):
             if side == "http":
-                batch = asyncio.run(run_level(url, prompts, len(prompts), len(prompts), max_tokens, mode, 600))
-                http_tok_s.append(summarize(batch, 1e9, 1e9)["throughput_tok_s"])
+                cpu0, steps0 = cpu_snapshot(), server_step_counters(url)
+                res = asyncio.run(run_level(url, prompts, c, n, max_tokens, mode, level_time))
+                s = summarize(res, *slo)
+                s["step_ms"] = step_ms(steps0, server_step_counters(url))
+                s["cpu_profile"] = cpu_profile(cpu0, cpu_snapshot(), s["wall_s"], s["output_tokens"])
+                http.append((s, res))
             else:
-                local_tok_s.append(local.batch_tok_s())
-    ok = [r for r in seq if "error" not in r]
-    http_texts = {r["index"]: r["text"] for r in ok}
-    local_e2e = statistics.fmean(o.metrics["e2e_s"] for o in local_seq)
+                steps0 = local.step_counters()
+                res = local.level(c, n, max_tokens, mode)
+                s = summarize(res, *slo)
+                s["step_ms"] = step_ms(steps0, local.step_counters())
+                inproc.append((s, res))
+    ratios = [h["throughput_tok_s"] / x["throughput_tok_s"] for (h, _), (x, _) in zip(http, inproc)]
+    texts_http = {r["index"]: r["text"] for _, res in http for r in res if "error" not in r}
+    texts_local = {r["index"]: r["text"] for _, res in inproc for r in res}
+    common = set(texts_http) & set(texts_local)
     return {
-        "mode": mode, "requests": len(prompts), "rounds": rounds,
-        "http": {"e2e_s": statistics.fmean(r["e2e"] for r in ok), "ttft_s": statistics.fmean(r["ttft"] for r in ok),
-                 "batch_tok_s": http_tok_s},
-        "in_process": {"e2e_s": local_e2e, "ttft_s": statistics.fmean(o.metrics["ttft_s"] for o in local_seq),
-                       "batch_tok_s": local_tok_s, "drafter_error": local.engine.drafter_error,
-                       "speculation": local.engine.speculator is not None},
-        "batch_ratio": statistics.median(h / x for h, x in zip(http_tok_s, local_tok_s)),
-        "http_overhead_ms": 1000 * (statistics.fmean(r["e2e"] for r in ok) - local_e2e),
+        "http": http[-1][0], "in_process": inproc[-1][0],
+        "http_tok_s": [s["throughput_tok_s"] for s, _ in http],
+        "in_process_tok_s": [s["throughput_tok_s"] for s, _ in inproc],
+        "ratio": statistics.median(ratios), "ratios": ratios,
+        "ttft_p50_gap_ms": 1000 * statistics.median(h["ttft_s"]["p50"] - x["ttft_s"]["p50"]
+                                                    for (h, _), (x, _) in zip(http, inproc)),
+        "step_ms": {"http": statistics.median(s["step_ms"] for s, _ in http),
+                    "in_process": statistics.median(s["step_ms"] for s, _ in inproc)},
         # Greedy texts should match; bf16 batch effects can flip a near-tie, so this is reported, not asserted.
-        "greedy_text_match": sum(http_texts.get(i) == o.text for i, o in enumerate(local_seq)) / len(local_seq),
+        "greedy_text_match": sum(texts_http[i] == texts_local[i] for i in common) / max(len(common), 1),
     }
 
 
@@ -296,6 +413,8 @@ def actor_vs_in_process(target_dir: Path, drafter_dir: Path, dtype_name: str, ba
     width = len(local.tap_layers) * embed.shape[1]
     cores = sorted(os.sched_getaffinity(0))
     out = {"context_tokens": context, "cores": cores, "batches": {}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actor: one thread on the one core each pair is pinned to
     try:
         for b in batches:
             taps = torch.randn(context + 1, width).to(dtype)
@@ -331,6 +450,7 @@ def actor_vs_in_process(target_dir: Path, drafter_dir: Path, dtype_name: str, ba
             out["batches"][str(b)] = row
     finally:
         pin_all_threads(set(cores))
+        torch.set_num_threads(threads)
         ray.kill(actor, no_restart=True)
     return out
 
@@ -344,19 +464,34 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
     panels = [("ttft_s", "p50", "TTFT p50 (s)"), ("tpot_s", "p50", "TPOT p50 (s)"), ("itl_s", "p50", "ITL p50 (s)"),
-              ("throughput_tok_s", None, "output tokens/s"), ("goodput_req_s", None, "goodput (req/s within SLO)")]
+              ("throughput_tok_s", None, "output tokens/s (dashed: in process)"),
+              ("goodput_req_s", None, "goodput (req/s within SLO)")]
     for ax, (key, sub, title) in zip(axes.flat, panels):
-        for mode, levels in result["levels"].items():
-            cs = sorted(int(c) for c in levels)
-            ys = [levels[str(c)][key][sub] if sub else levels[str(c)][key] for c in cs]
-            ax.plot(cs, ys, marker="o", label=mode)
+        for side, style in (("levels", "-"), ("in_process", "--")):
+            if side == "in_process" and key != "throughput_tok_s":
+                continue
+            for j, (mode, levels) in enumerate(result.get(side, {}).items()):
+                cs = sorted(int(c) for c in levels)
+                ys = [levels[str(c)][key][sub] if sub else levels[str(c)][key] for c in cs]
+                ax.plot(cs, ys, style, marker="o", color=f"C{j}", label=mode if side == "levels" else None)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
+    ax = axes.flat[6]
+    for j, (mode, levels) in enumerate(result.get("compare", {}).items()):
+        cs = sorted(int(c) for c in levels)
+        ax.plot(cs, [levels[str(c)]["ratio"] for c in cs], marker="o", color=f"C{j}", label=mode)
+    ax.axhline(0.9, color="grey", ls=":", label="goal 0.9")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_title("HTTP / in-process tokens/s")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    axes.flat[7].axis("off")
     ax = axes.flat[5]
     av = result.get("actor_vs_in_process", {}).get("batches", {})
     if av:
@@ -392,18 +527,22 @@ def main() -> None:
     ap.add_argument("--level-time-s", type=float, default=None, help="per level (default 180; quick 60)")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0)
     ap.add_argument("--slo-tpot-ms", type=float, default=200.0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of the in-process runs: the replica's and the actor's (num_cpus 1 each)")
-    ap.add_argument("--ingress-modes", default="separate,in_replica",
-                    help="the app layouts compared with the in-process engine (ingress_mode); the load levels use "
-                         "the first")
-    ap.add_argument("--skip-levels", action="store_true", help="only the HTTP / in-process and actor comparisons")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of the in-process engine (default: every core this process may use)")
+    ap.add_argument("--rounds", type=int, default=None, help="HTTP / in-process alternations per level (default 2)")
+    ap.add_argument("--ingress-mode", default="in_replica", help="the app layout (ingress_mode; dspark serve's "
+                    "default)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="a serving config field for the local app, dotted for nested ones (torch_threads=2, "
+                         "draft_actor.num_cpus=0); repeatable")
+    ap.add_argument("--skip-actor", action="store_true", help="skip the draft actor vs in-process drafter rounds")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
 
-    torch.set_num_threads(args.threads)  # same as the serving processes, so the comparisons are like for like
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from draft_service.prompts import load_prompts
@@ -413,9 +552,17 @@ def main() -> None:
     q = args.quick
     conc = [int(c) for c in (args.concurrency or ("1,4" if q else "1,4,16,64")).split(",")]
     modes = args.modes.split(",")
-    ingress_modes = args.ingress_modes.split(",")
     max_tokens = args.max_tokens or (32 if q else 128)
     level_time = args.level_time_s or (60.0 if q else 180.0)
+    rounds = args.rounds or 2
+    overrides = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = overrides
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = json.loads(value)
     prompts = [r["messages"] for r in load_prompts("heldout")]
     target_dir = resolve_model(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
@@ -431,43 +578,48 @@ def main() -> None:
         if urlparse(url).hostname not in LOOPBACK:
             raise SystemExit("serve_bench only talks to loopback servers")
     else:
-        url, stop = start_local_app(engine_cfg, args.replicas, ingress_modes[0])
+        url, stop = start_local_app(engine_cfg, args.replicas, args.ingress_mode, overrides)
     import httpx
 
     info = httpx.get(f"{url}/stats", timeout=30).json()
     result = {"config": {"model": args.model or "SmolLM2-135M-Instruct", "drafter": args.drafter, "dtype": args.dtype,
                          "max_tokens": max_tokens, "concurrency": conc, "modes": modes, "quick": q,
-                         "replicas": args.replicas, "url": url, "cpus": os.cpu_count(), "threads": args.threads},
+                         "replicas": args.replicas, "url": url, "cpus": os.cpu_count(), "in_process_threads": threads,
+                         "rounds": rounds, "ingress_mode": args.ingress_mode, "serving_overrides": overrides},
               "slo": {"ttft_s": args.slo_ttft_s, "tpot_s": args.slo_tpot_ms / 1000},
               "server": {"drafter_error": info.get("drafter_error"),
                          "speculation": bool(info.get("speculation"))},
               "levels": {m: {} for m in modes}}
+    slo = (args.slo_ttft_s, args.slo_tpot_ms / 1000)
+    local = InProcess(engine_cfg, prompts)
+    result["in_process"] = {m: {} for m in modes}
+    result["compare"] = {m: {} for m in modes}
     try:
-        for c in [] if args.skip_levels else conc:
+        for c in conc:
             n = args.requests or (2 * c if q else max(8, 3 * c))
             for mode in modes:
                 t0 = time.perf_counter()
-                res = asyncio.run(run_level(url, prompts, c, n, max_tokens, mode, level_time))
-                s = summarize(res, args.slo_ttft_s, args.slo_tpot_ms / 1000)
+                cmp = compare_level(url, local, prompts, c, n, max_tokens, mode, level_time, rounds, slo)
+                s, x = cmp.pop("http"), cmp.pop("in_process")
                 result["levels"][mode][str(c)] = s
+                result["in_process"][mode][str(c)] = x
+                result["compare"][mode][str(c)] = cmp
                 print(f"C={c:<3} {mode:<9} {s['requests']:>3} req ({s['failed']} failed)"
                       f" in {time.perf_counter() - t0:5.1f} s"
                       f"  TTFT p50 {s['ttft_s']['p50']:.3f} s  TPOT p50 {1000 * s['tpot_s']['p50']:.1f} ms"
-                      f"  {s['throughput_tok_s']:.1f} tok/s  goodput {s['goodput_req_s']:.2f} req/s"
+                      f"  {s['throughput_tok_s']:.1f} tok/s (in process {x['throughput_tok_s']:.1f}: ratio"
+                      f" {cmp['ratio']:.2f}, TTFT gap {cmp['ttft_p50_gap_ms']:.0f} ms, step"
+                      f" {cmp['step_ms']['http']:.1f} / {cmp['step_ms']['in_process']:.1f} ms)"
                       f"  accept len {s['mean_acceptance_length']:.2f}", flush=True)
-        k = 4 if q else 16  # the goal is stated at concurrency 16
-        result["http_vs_in_process"] = {}
-        for i, layout in enumerate(ingress_modes if stop else ingress_modes[:1]):
-            if i:  # the next layout on a fresh local Ray
-                stop()
-                url, stop = start_local_app(engine_cfg, args.replicas, layout)
-            r = http_vs_in_process(url, engine_cfg, prompts[:k], max_tokens, "adaptive", 2 if q else 6)
-            result["http_vs_in_process"][layout] = r
-            print(f"HTTP ({layout}) vs in-process:", json.dumps(r), flush=True)
+                top = list(s["cpu_profile"].items())[:6]
+                print("      CPU busy cores: " + ", ".join(f"{k} {v['busy_cores']:.2f}" for k, v in top), flush=True)
     finally:
         if stop:
             stop()
+        del local
     try:
+        if args.skip_actor:
+            raise RuntimeError("skipped (--skip-actor)")
         from engine.loader import resolve_drafter
         from transformers import AutoConfig
 

@@ -138,7 +138,9 @@ class LLMServingConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="fixed replica count; not with llm.autoscaling_config")
     limits: RequestLimits = Field(default_factory=RequestLimits)
     rate_limit: RateLimitOptions = Field(default_factory=RateLimitOptions)
-    torch_threads: int | None = Field(None, ge=1, description="engine threads per replica; default: its num_cpus")
+    torch_threads: int | None = Field(
+        None, ge=1, description="engine threads per replica; default: its num_cpus. An engine whose threads fill "
+        "every core the replica may use keeps nice 0 whatever engine_thread_nice says")
     engine_process: bool = Field(
         True, description="run each replica's engine in a child process of its own (as vLLM v1's EngineCore), so "
         "that the replica's event loops, which run Python for every request and streamed delta, never hold the "
@@ -150,9 +152,12 @@ class LLMServingConfig(BaseModel):
     stream_interval_ms: float = Field(
         100.0, ge=0, le=1000, description="a streamed request's deltas are sent at most this often (merged in "
         "between; the first and the last at once). Each delta is a message per hop (replica -> proxy, and "
-        "-> ingress with ingress_mode 'separate'), "
-        "and the replica's share of that work slows its engine thread: at 16 streams on 2 CPU cores, one message "
-        "per step made steps 1.7x slower than in process. 0: one message per engine step")
+        "-> ingress with ingress_mode 'separate'), and that work takes CPU from the engine. 0: one message per "
+        "engine step")
+    stream_max_deltas_per_s: float | None = Field(
+        160.0, gt=0, description="under load the stream interval stretches so that all of a replica's streams "
+        "together send at most this many deltas a second (each carries more tokens; tokens/s do not change). "
+        "None: stream_interval_ms only")
     # Serve deployment options.
     llm: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(max_queued_requests=1024))
     draft_actor: DraftActorOptions = Field(default_factory=DraftActorOptions)
@@ -163,9 +168,8 @@ class LLMServingConfig(BaseModel):
         "separate", description="separate: an OpenAI ingress deployment (`ingress`, `ingress_replicas`) in front of "
         "the LLM replicas; a replica that dies leaves its in-flight requests an OpenAI error (503, or an error "
         "event in a stream). in_replica: every LLM replica serves the OpenAI routes itself and Serve's proxy routes "
-        "to it directly: a hop per streamed delta and a process fewer (at 16 streams on 2 CPU cores, HTTP tokens/s "
-        "0.94x in process against 0.88x), but a replica that dies takes its HTTP connections with it (a cut stream, "
-        "or the proxy's plain 500)")
+        "to it directly: a hop per streamed delta and a process fewer, but a replica that dies takes its HTTP "
+        "connections with it (a cut stream, or the proxy's plain 500)")
     ingress: DeploymentOptions = Field(default_factory=lambda: DeploymentOptions(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096))
     ingress_replicas: int = Field(1, ge=1)

@@ -31,7 +31,7 @@ from deployments.metrics import (MetricsPusher, RayGauges, ReplicaMetrics,
                                  process_rss_bytes)
 from draft_service.actor import DraftServiceProxy, RayLocator, draft_context_tokens, start_draft_actor
 from engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError,
-                                 engine_info)
+                                 engine_info, stream_interval_s)
 from engine.engine_process import EngineProcess
 from engine.llm_engine import LLMEngine, QueueFullError, RequestOutput
 from engine.loader import resolve_device, resolve_drafter, resolve_dtype, resolve_model
@@ -74,6 +74,12 @@ class LLMServer:
         self.pusher = None
         threads = config.torch_threads or _assigned_cpus()
         torch.set_num_threads(threads)  # Ray's OMP default may come after torch is imported
+        nice = config.engine_thread_nice
+        if nice is not None and nice < 0 and threads >= len(os.sched_getaffinity(0)):
+            # An engine whose threads fill every core, at a higher priority, starves the proxy and the event loops
+            # that admit requests and forward deltas (small batches, long TTFT); at equal priority they share.
+            log.info("engine threads (%d) fill every core: the engine keeps nice 0", threads)
+            nice = None
         engine_cfg = config.engine
         if config.drafter_mode != "in_process":
             engine_cfg = engine_cfg.model_copy(update={"drafter": None})  # the actor holds it, or nobody does
@@ -97,7 +103,7 @@ class LLMServer:
             DraftServiceProxy.connect, draft["info"], device=draft["device"], timeout_s=draft["timeout_s"])
         if config.engine_process:
             # The engine steps in a child process, so this process's event loops never hold its GIL.
-            self.engine = EngineProcess(engine_cfg, connect, self.draft_actor, thread_nice=config.engine_thread_nice,
+            self.engine = EngineProcess(engine_cfg, connect, self.draft_actor, thread_nice=nice,
                                         torch_threads=threads, drafter_error=drafter_error,
                                         startup_timeout_s=config.draft_actor.startup_timeout_s)
             info = self.engine.info
@@ -106,13 +112,14 @@ class LLMServer:
             engine = LLMEngine(engine_cfg, drafter_factory=None if proxy is None else lambda target: proxy)
             if drafter_error:
                 engine.drafter_error = drafter_error
-            self.engine = AsyncLLMEngine(engine, thread_nice=config.engine_thread_nice)
+            self.engine = AsyncLLMEngine(engine, thread_nice=nice)
             info = engine_info(engine)
         self.max_model_len = info["max_model_len"]
         self.vocab_size = info["vocab_size"]
         self.speculation = info["speculation"]
         self.drafter_error = info["drafter_error"]
         self.metrics = ReplicaMetrics()
+        self.live_streams = 0
         self._draft_contexts_live = 0.0
         self._actor_stats_ref = None
         self.ray_gauges = RayGauges({"replica": self.replica_id}) if config.metrics.ray_metrics else None
@@ -148,11 +155,12 @@ class LLMServer:
         goes away (client disconnect -> Serve cancels this generator) the request is aborted."""
         try:
             stream = await self.engine.add_request(request_id, prompt, SamplingParams(**params),
-                                                   min_interval_s=self.config.stream_interval_ms / 1000)
+                                                   min_interval_s=self._stream_interval_s)
         except Exception as exc:
             yield _error(exc)
             return
         last = None
+        self.live_streams += 1
         try:
             yield {"admitted": True}
             async for out in stream:
@@ -161,8 +169,13 @@ class LLMServer:
         except Exception as exc:
             yield _error(exc)
         finally:
+            self.live_streams -= 1
             stream.close()  # no-op when finished; aborts on cancellation or an early exit
             self._observe(last)
+
+    def _stream_interval_s(self) -> float:
+        return stream_interval_s(self.config.stream_interval_ms / 1000, self.live_streams,
+                                 self.config.stream_max_deltas_per_s)
 
     async def generate(self, request_id: str, prompt: list[int] | str, params: dict) -> dict:
         """The whole answer at once: text, token ids, logprobs, finish reason and metrics (or an error)."""

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from engine.llm_engine import LLMEngine, RequestOutput
@@ -90,9 +90,10 @@ class RequestStream:
     request in the engine.
 
     `min_interval_s` coalesces: after a delta, the next one is held until that much time has passed (the first
-    delta and the last are never held). Every delta a server forwards costs a message per hop, whatever its size."""
+    delta and the last are never held). Every delta a server forwards costs a message per hop, whatever its size.
+    A callable is asked again after every delta (a server stretches the interval under load: stream_interval_s)."""
 
-    def __init__(self, engine: AsyncLLMEngine, req: _Request, min_interval_s: float = 0.0):
+    def __init__(self, engine: AsyncLLMEngine, req: _Request, min_interval_s: float | Callable[[], float] = 0.0):
         self._engine = engine
         self._req = req
         self.min_interval_s = min_interval_s
@@ -112,8 +113,9 @@ class RequestStream:
         try:
             while not self.finished:
                 items = [await q.get()]
-                if self.min_interval_s and last_yield is not None and not self._req.ended.is_set():
-                    wait = last_yield + self.min_interval_s - loop.time()
+                interval = self.min_interval_s() if callable(self.min_interval_s) else self.min_interval_s
+                if interval and last_yield is not None and not self._req.ended.is_set():
+                    wait = last_yield + interval - loop.time()
                     if wait > 0:
                         try:
                             async with asyncio.timeout(wait):
@@ -141,6 +143,15 @@ class RequestStream:
         if not self.finished:
             self.finished = True
             self._engine.abort(self._req.request_id)
+
+
+def stream_interval_s(base_s: float, live_streams: int, max_deltas_per_s: float | None) -> float:
+    """The least time between two deltas of one stream: `base_s`, stretched under load so that the `live_streams`
+    together send at most `max_deltas_per_s` (None: no cap). Tokens per second do not change; each delta carries more
+    of them, and the server's cost per delta is paid fewer times."""
+    if not max_deltas_per_s:
+        return base_s
+    return max(base_s, live_streams / max_deltas_per_s)
 
 
 def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
@@ -174,7 +185,7 @@ class AsyncLLMEngine:
     # ----- the asyncio side ---------------------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                          min_interval_s: float = 0.0) -> RequestStream:
+                          min_interval_s: float | Callable[[], float] = 0.0) -> RequestStream:
         """Admit a request and return its stream (`min_interval_s`: see RequestStream). Raises what
         LLMEngine.add_request raises (QueueFullError for a full queue, ValueError for a bad prompt or a duplicate
         id), or EngineDeadError."""

@@ -125,3 +125,20 @@ def test_ingress_options_only_with_the_separate_ingress():
         LLMServingConfig(ingress_mode="in_replica", ingress_replicas=2)
     with pytest.raises(ValidationError):
         LLMServingConfig(ingress_mode="nowhere")
+
+
+def test_dspark_serve_gives_one_replica_every_core_and_shares_them_with_its_draft_actor(monkeypatch):
+    import os
+
+    from deployments.cli import single_machine_sizing
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    one = LLMServingConfig(**single_machine_sizing(1))
+    assert one.torch_threads == 8 and one.draft_actor.num_threads == 8 and one.draft_actor.num_cpus == 0
+    assert one.replica_bundle() == {"CPU": 8.0}  # the actor reserves no core of its own
+    assert one.llm.max_queued_requests == LLMServingConfig().llm.max_queued_requests
+    two = LLMServingConfig(num_replicas=2, **single_machine_sizing(2))
+    assert two.torch_threads == 4 and two.replica_bundle() == {"CPU": 4.0}
+    assert LLMServingConfig(**single_machine_sizing(3, torch_threads=2)).torch_threads == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert LLMServingConfig(num_replicas=4, **single_machine_sizing(4)).torch_threads == 1

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, QueueFullError, SamplingParams
-from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError
+from engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, RequestAbortedError,
+                                 stream_interval_s)
 from tests.helpers import make_tiny_drafter, make_tiny_model
 
 LONG = SamplingParams(max_tokens=900, ignore_eos=True)
@@ -91,6 +92,43 @@ def test_min_interval_coalesces_deltas_but_never_holds_the_first_or_the_last(eng
     assert len(outs) == 2 and not outs[0].finished and outs[1].finished  # the first at once, then the rest merged
     assert [t for o in outs for t in o.new_token_ids] == want.token_ids
     assert "".join(o.new_text for o in outs) == want.text
+
+
+def test_a_callable_interval_is_asked_after_every_delta(engine):
+    """The server's load-stretched interval: a callable read before each delta. From its second answer on it says an
+    hour, so the rest merges into the last delta (no clock is read); tokens and text are unchanged."""
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    want = reference(engine, "Hello there", params)
+    aengine = AsyncLLMEngine(engine)
+    asked = []
+
+    def interval():
+        asked.append(len(asked))
+        return 0.0 if len(asked) == 1 else 3600.0
+
+    async def main():
+        stream = await aengine.add_request("cb", "Hello there", params, min_interval_s=interval)
+        return [out async for out in stream]
+
+    try:
+        outs = asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        aengine.shutdown()
+    assert len(asked) == 2 and len(outs) == 2 and not outs[0].finished and outs[1].finished
+    assert [t for o in outs for t in o.new_token_ids] == want.token_ids
+    assert "".join(o.new_text for o in outs) == want.text
+
+
+def test_stream_interval_stretches_with_the_streams_and_never_shrinks():
+    assert stream_interval_s(0.1, 1, 160.0) == 0.1
+    assert stream_interval_s(0.1, 16, 160.0) == 0.1
+    assert stream_interval_s(0.1, 64, 160.0) == pytest.approx(0.4)  # 64 streams x 2.5 deltas/s = 160 deltas/s
+    assert stream_interval_s(0.1, 640, None) == 0.1
+    last = 0.0
+    for streams in range(0, 300):
+        now = stream_interval_s(0.05, streams, 100.0)
+        assert now >= max(last, 0.05) and streams / now <= 100.0 + 1e-9
+        last = now
 
 
 def test_cancelling_the_consumer_aborts_within_a_step(aengine, engine):
