@@ -225,7 +225,7 @@ class InProcess:
             now = time.perf_counter()
             for o in outs:
                 r = live[o.request_id]
-                if o.new_token_ids:
+                if o.new_text:  # as the HTTP client: time to the first text, then between texts
                     if r["ttft"] is None:
                         r["ttft"] = now - r["t0"]
                     else:

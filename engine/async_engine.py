@@ -89,8 +89,8 @@ class RequestStream:
     into one, so a slow reader does not fall behind); leaving early (break, cancellation, aclose) aborts the
     request in the engine.
 
-    `min_interval_s` coalesces: after a delta, the next one is held until that much time has passed (the first
-    delta and the last are never held). Every delta a server forwards costs a message per hop, whatever its size.
+    `min_interval_s` coalesces: after a delta, the next one is held until that much time has passed (the deltas
+    up to the first with text, and the last, are never held). Every delta a server forwards costs a message per hop, whatever its size.
     A callable is asked again after every delta (a server stretches the interval under load: stream_interval_s)."""
 
     def __init__(self, engine: AsyncLLMEngine, req: _Request, min_interval_s: float | Callable[[], float] = 0.0):
@@ -134,7 +134,8 @@ class RequestStream:
                     merged = item if merged is None else _merge(merged, item)
                 self.finished = merged.finished
                 yield merged
-                last_yield = loop.time()
+                if merged.new_text or last_yield is not None:  # until text flows, nothing is held (TTFT)
+                    last_yield = loop.time()
         finally:
             self.close()
 
