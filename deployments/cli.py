@@ -87,8 +87,8 @@ def single_machine_sizing(replicas: int, torch_threads: int | None = None) -> di
     cores (all of them for one replica), and the draft actor, whose work alternates with its engine's, shares them
     with the same number of threads instead of reserving a core that idles while the engine computes."""
     threads = torch_threads or max(1, len(os.sched_getaffinity(0)) // replicas)
-    return {"torch_threads": threads, "llm": {"ray_actor_options": {"num_cpus": threads},
-                                              "max_queued_requests": 1024},
+    llm = LLMServingConfig.model_fields["llm"].get_default(call_default_factory=True)  # the config's other options
+    return {"torch_threads": threads, "llm": {**llm.model_dump(), "ray_actor_options": {"num_cpus": threads}},
             "draft_actor": {"num_cpus": 0, "num_threads": threads}}
 
 

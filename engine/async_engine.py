@@ -90,8 +90,9 @@ class RequestStream:
     request in the engine.
 
     `min_interval_s` coalesces: after a delta, the next one is held until that much time has passed (the deltas
-    up to the first with text, and the last, are never held). Every delta a server forwards costs a message per hop, whatever its size.
-    A callable is asked again after every delta (a server stretches the interval under load: stream_interval_s)."""
+    up to the first with text, and the last, are never held). Every delta a server forwards costs a message per hop,
+    whatever its size. A callable is asked before every delta (a server stretches the interval under load:
+    stream_interval_s)."""
 
     def __init__(self, engine: AsyncLLMEngine, req: _Request, min_interval_s: float | Callable[[], float] = 0.0):
         self._engine = engine

@@ -94,7 +94,7 @@ def test_min_interval_coalesces_deltas_but_never_holds_the_first_or_the_last(eng
     assert "".join(o.new_text for o in outs) == want.text
 
 
-def test_a_callable_interval_is_asked_after_every_delta(engine):
+def test_a_callable_interval_is_asked_before_every_delta(engine):
     """The server's load-stretched interval: a callable read before each delta. From its second answer on it says an
     hour, so the rest merges into the last delta (no clock is read); tokens and text are unchanged."""
     params = SamplingParams(max_tokens=300, ignore_eos=True)
