@@ -43,8 +43,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from deployments.launch import App, local_serve, run_app  # noqa: E402  (the cluster and the apps; after sys.path)
 
-LEAK_GAUGES = ("dspark:kv_blocks_used", "dspark:draft_contexts_live", "dspark:num_requests_waiting",
-               "dspark:num_requests_running")
+LEAK_GAUGES = ("dspark:kv_blocks_used", "dspark:draft_contexts_live", "vllm:num_requests_waiting",
+               "vllm:num_requests_running")
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -85,7 +85,7 @@ def metric(samples, name: str, **labels) -> float:
 
 
 def llm_replicas(samples) -> set[str]:
-    return {lab["replica"] for n, lab, _ in samples if n == "dspark:num_requests_running"}
+    return {lab["replica"] for n, lab, _ in samples if n == "vllm:num_requests_running"}
 
 
 def wait_scrape(app: App, check, timeout_s: float, what: str) -> list:
@@ -98,7 +98,7 @@ def wait_scrape(app: App, check, timeout_s: float, what: str) -> list:
 
 
 def leak_gauges(samples) -> dict[str, float]:
-    return {name.removeprefix("dspark:"): metric(samples, name) for name in LEAK_GAUGES}
+    return {name.split(":", 1)[1]: metric(samples, name) for name in LEAK_GAUGES}
 
 
 def wait_drained(app: App, timeout_s: float = 30.0) -> list:
@@ -420,8 +420,8 @@ def run_load(app: App, reference: AloneReference, n_requests: int = 256, distinc
                             f"(served {r['text']!r}, alone {want.text!r})")
     spec = {"speculation_enabled": metric(after, "dspark:speculation_enabled"),
             "drafter_error": metric(after, "dspark:drafter_error"),
-            "drafts": metric(after, "dspark:spec_decode_num_drafts_total"),
-            "accepted_tokens": metric(after, "dspark:spec_decode_num_accepted_tokens_total"),
+            "drafts": metric(after, "vllm:spec_decode_num_drafts_total"),
+            "accepted_tokens": metric(after, "vllm:spec_decode_num_accepted_tokens_total"),
             "fallbacks": metric(after, "dspark:draft_fallbacks_total")}
     return {**summary, "burst_s": burst_s, "drain_s": drain_s, "reference_s": ref_s, "distinct_prompts": distinct,
             "max_tokens": max_tokens, "warmup": warmup, "equal_to_alone": equal, "near_ties": near_ties,
@@ -629,7 +629,7 @@ def check_disconnect(app: App, max_tokens: int = 2000, log=print) -> dict:
     problems: list[str] = []
     wait_drained(app, 30)
     before = stats(app)
-    aborts_before = metric(scrape(app), "dspark:request_success_total", finished_reason="abort")
+    aborts_before = metric(scrape(app), "vllm:request_success_total", finished_reason="abort")
     read = raw_stream_then_close(app.port, app.route_prefix.rstrip("/") + "/v1/completions",
                                  completion_body(prompt_ids(424242), max_tokens), min_events=3)
     if "200" not in read["head"]:
@@ -649,9 +649,9 @@ def check_disconnect(app: App, max_tokens: int = 2000, log=print) -> dict:
         problems.append(f"the request ran to the end ({generated} tokens): not aborted")
     # The abort counter is current in the replica's next push, the draft-context gauge one push later (it is read
     # from the actor asynchronously): wait for both, so a push between them is not mistaken for a leak.
-    samples = wait_scrape(app, lambda s: metric(s, "dspark:request_success_total", finished_reason="abort")
+    samples = wait_scrape(app, lambda s: metric(s, "vllm:request_success_total", finished_reason="abort")
                           > aborts_before and not any(leak_gauges(s).values()), 15,
-                          "the abort counted in dspark:request_success_total{finished_reason=abort} and the leak "
+                          "the abort counted in vllm:request_success_total{finished_reason=abort} and the leak "
                           "gauges (KV blocks, draft contexts, queue) back to 0")
     leaks = leak_gauges(samples)
     return {"freed_after_close_s": freed_s, "engine_steps_after_start": steps, "tokens_generated": generated,

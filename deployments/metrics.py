@@ -9,13 +9,17 @@ all snapshots, swaps in its own live one, adds `replica="<Serve replica id>"` to
 text with prometheus-client. Replicas push (rather than the ingress pulling) because Serve has no API to call every
 replica of a deployment; a snapshot is cumulative, so a lost push or a restarted hub loses nothing but one second.
 
-Names: see ENGINE_COUNTERS, ENGINE_GAUGES, HISTOGRAMS below (agreed with dashboards/grafana_dspark.json). Counters are
-monotonic and exposed as `<name>_total` (prometheus-client's own suffix), without `_created` samples, so tools that
-sum every `*spec_decode_num_drafts*` line (`vllm bench serve`) read the right numbers. The engine-derived counters
-are the engine's own cumulative counters, copied, so they equal `LLMEngine.stats()` exactly.
+Names: every quantity vLLM publishes goes out under vLLM's name (VLLM_* below), with vLLM's type, labels
+(`model_name`, `engine`) and bucket bounds, so vLLM's dashboards, alerts and autoscaling recipes read this server as
+they read vLLM. `dspark:` names only what vLLM has no name for (ENGINE_COUNTERS, ENGINE_GAUGES: load signals,
+verify lengths, draft fallbacks, KV blocks). Each quantity has one name, so tools that sum every line containing
+`spec_decode_num_drafts` (`vllm bench serve`) count it once. Names agree with dashboards/grafana_dspark.json.
+Counters are monotonic and exposed as `<name>_total` (prometheus-client's own suffix), without `_created` samples.
+The engine-derived counters are the engine's own cumulative counters, copied, so they equal `LLMEngine.stats()`.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -25,6 +29,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 
 log = logging.getLogger("ray.serve")
@@ -35,15 +40,9 @@ Family = dict  # {"name", "type", "help", "samples": [Sample]} -- plain data, ch
 
 # (family name, help, engine stats path). Exposed as <name>_total.
 ENGINE_COUNTERS = [
-    ("generation_tokens", "Output tokens generated", ("generation_tokens",)),
-    ("prompt_tokens", "Prompt (and recomputed) tokens run through the model", ("prompt_tokens",)),
-    ("num_preemptions", "Sequences preempted (recomputed later)", ("preemptions",)),
-    ("spec_decode_num_drafts", "Sequence-steps that verified at least one draft token", ("spec", "drafts")),
-    ("spec_decode_num_draft_tokens", "Draft tokens verified", ("spec", "draft_tokens")),
-    ("spec_decode_num_accepted_tokens", "Draft tokens accepted", ("spec", "accepted_tokens")),
     ("draft_fallbacks", "Draft-service failures that fell back to plain decoding", ("spec", "fallbacks")),
 ]
-# (family name, help). Values come from ReplicaMetrics.gauge_values.
+# (family name, help). Values come from ReplicaMetrics.gauge_values; those vLLM names too go out as vLLM's only.
 ENGINE_GAUGES = [
     ("num_requests_running", "Sequences running"),
     ("num_requests_waiting", "Requests waiting for admission"),
@@ -60,19 +59,60 @@ ENGINE_GAUGES = [
     ("draft_contexts_live", "Draft contexts held by this replica's draft service"),
     ("replica_rss_bytes", "Resident memory of the replica process"),
 ]
-# Latency buckets: vLLM's, plus the millisecond range a CPU replica of a small model lives in.
-HISTOGRAMS = [
-    ("time_to_first_token_seconds", "Time to first token", "ttft_s",
-     (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-      160.0, 640.0, 2560.0)),
-    ("time_per_output_token_seconds", "Time per output token after the first", "tpot_s",
-     (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-      10.0, 20.0, 40.0, 80.0)),
-    ("e2e_request_latency_seconds", "Request latency, arrival to the last token", "e2e_s",
-     (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-      240.0, 480.0, 960.0, 1920.0, 7680.0)),
-]
 FINISH_REASONS = ("stop", "length", "abort")
+
+# vLLM's families, as vLLM v1 publishes them (vllm/v1/metrics/loggers.py).
+VLLM_PREFIX = "vllm:"
+VLLM_LABELS = ("model_name", "engine")
+VLLM_ENGINE_COUNTERS = [  # (family, help, engine stats path), exposed as <family>_total
+    ("prompt_tokens", "Number of prefill tokens processed.", ("prompt_tokens",)),
+    ("generation_tokens", "Number of generation tokens processed.", ("generation_tokens",)),
+    ("num_preemptions", "Cumulative number of preemption from the engine.", ("preemptions",)),
+    ("spec_decode_num_drafts", "Number of spec decoding drafts.", ("spec", "drafts")),
+    ("spec_decode_num_draft_tokens", "Number of draft tokens.", ("spec", "draft_tokens")),
+    ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", ("spec", "accepted_tokens")),
+]
+VLLM_GAUGES = [  # (family, help, the ENGINE_GAUGES value it publishes)
+    ("num_requests_running", "Number of requests in model execution batches.", "num_requests_running"),
+    ("num_requests_waiting", "Number of requests waiting to be processed.", "num_requests_waiting"),
+    ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage_perc"),
+]
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                     40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                              20.0, 40.0, 80.0)
+VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                                240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Per finished request: (family, help, RequestOutput.metrics key, buckets; None = 1-2-5 up to max_model_len).
+VLLM_REQUEST_HISTOGRAMS = [
+    ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft_s", VLLM_TTFT_BUCKETS),
+    ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e_s",
+     VLLM_REQUEST_LATENCY_BUCKETS),
+    ("request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", "tpot_s",
+     VLLM_TOKEN_LATENCY_BUCKETS),
+    ("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue_s",
+     VLLM_REQUEST_LATENCY_BUCKETS),
+    ("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", "inference_s",
+     VLLM_REQUEST_LATENCY_BUCKETS),
+    ("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill_s",
+     VLLM_REQUEST_LATENCY_BUCKETS),
+    ("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode_s",
+     VLLM_REQUEST_LATENCY_BUCKETS),
+    ("request_prompt_tokens", "Number of prefill tokens processed.", "num_prompt_tokens", None),
+    ("request_generation_tokens", "Number of generation tokens processed.", "num_output_tokens", None),
+]
+
+
+def buckets_1_2_5(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
+    out = []
+    for exponent in itertools.count():
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > limit:
+                return tuple(out)
+            out.append(value)
 # A few gauges also go through Ray's metrics agent (`ray_<name>` on every node's metrics export port).
 RAY_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "seq_occupancy",
               "token_occupancy", "spec_squeezed", "speculation_enabled")
@@ -114,23 +154,30 @@ class ReplicaMetrics:
     """One LLM replica's metrics: per-request histograms and outcomes (observed by the replica's handlers) and the
     engine's counters and gauges (copied from its published stats at every snapshot)."""
 
-    def __init__(self):
+    def __init__(self, model_name: str = "", max_model_len: int = 8192):
+        """`model_name`: the served model name (vLLM's `model_name` label); `max_model_len` bounds the token-count
+        buckets."""
         self.registry = CollectorRegistry(auto_describe=False)
-        self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish reason",
-                                       ["finished_reason"], registry=self.registry)
+        self.vllm_labels = {"model_name": model_name, "engine": "0"}
+        labels = tuple(self.vllm_labels.values())
+        self.vllm_request_success = Counter(VLLM_PREFIX + "request_success",
+                                            "Count of successfully processed requests.",
+                                            [*VLLM_LABELS, "finished_reason"], registry=self.registry)
         for reason in FINISH_REASONS:
-            self.request_success.labels(reason)  # every series exists from the start (rates need two points)
-        self.histograms = {key: Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
-                           for name, doc, key, buckets in HISTOGRAMS}
+            self.vllm_request_success.labels(*labels, reason)  # every series from the start (rates need two points)
+        self.vllm_histograms = {
+            key: Histogram(VLLM_PREFIX + name, doc, VLLM_LABELS, registry=self.registry,
+                           buckets=buckets or buckets_1_2_5(max_model_len)).labels(*labels)
+            for name, doc, key, buckets in VLLM_REQUEST_HISTOGRAMS}
 
     def observe_finished(self, finish_reason: str | None, metrics: Mapping | None) -> None:
         """A request that finished (stop/length) or was aborted (client gone, cancelled): count it and, when it
         finished, observe its latencies (RequestOutput.metrics: ttft_s, tpot_s, e2e_s)."""
         reason = finish_reason if finish_reason in FINISH_REASONS else "abort"
-        self.request_success.labels(reason).inc()
+        self.vllm_request_success.labels(*self.vllm_labels.values(), reason).inc()
         if reason == "abort":
             return
-        for key, hist in self.histograms.items():
+        for key, hist in self.vllm_histograms.items():
             v = (metrics or {}).get(key)
             if v is not None and math.isfinite(v) and v >= 0:
                 hist.observe(v)
@@ -157,21 +204,53 @@ class ReplicaMetrics:
         out = []
         for name, doc, path in ENGINE_COUNTERS:
             out.append(_family(name, "counter", doc, [(PREFIX + name + "_total", {}, _float(_get(stats, path)))]))
-        spec = stats.get("spec") or {}
-        per_pos = spec.get("accepted_per_pos") or []
-        out.append(_family("spec_decode_num_accepted_tokens_per_pos", "counter",
-                           "Draft tokens accepted, by position in the draft block",
-                           [(PREFIX + "spec_decode_num_accepted_tokens_per_pos_total", {"position": str(i)},
-                             _float(v)) for i, v in enumerate(per_pos)]))
-        hist = spec.get("verify_length_hist") or []
+        hist = (stats.get("spec") or {}).get("verify_length_hist") or []
         out.append(_family("spec_decode_verify_length", "counter",
                            "Drafted sequence-steps by the number of draft tokens verified (the controller's choice)",
                            [(PREFIX + "spec_decode_verify_length_total", {"length": str(i)}, _float(v))
                             for i, v in enumerate(hist)]))
-        docs = dict(ENGINE_GAUGES)
-        for name, _ in ENGINE_GAUGES:
-            out.append(_family(name, "gauge", docs[name], [(PREFIX + name, {}, _float(gauges.get(name)))]))
-        return out + families_of(self.registry)
+        vllm_named = {key for _, _, key in VLLM_GAUGES}
+        for name, doc in ENGINE_GAUGES:
+            if name not in vllm_named:
+                out.append(_family(name, "gauge", doc, [(PREFIX + name, {}, _float(gauges.get(name)))]))
+        return out + self.vllm_families(stats, gauges) + families_of(self.registry)
+
+    def vllm_families(self, stats: Mapping, gauges: Mapping[str, float]) -> list[Family]:
+        """vLLM's engine-level families: counters and per-step histograms from the engine's stats, and gauges."""
+        labels = self.vllm_labels
+        out = []
+        for name, doc, path in VLLM_ENGINE_COUNTERS:
+            full = VLLM_PREFIX + name
+            out.append({"name": full, "type": "counter", "help": doc,
+                        "samples": [(full + "_total", labels, _float(_get(stats, path)))]})
+        full = VLLM_PREFIX + "spec_decode_num_accepted_tokens_per_pos"
+        per_pos = (stats.get("spec") or {}).get("accepted_per_pos") or []
+        out.append({"name": full, "type": "counter", "help": "Number of accepted tokens per draft position.",
+                    "samples": [(full + "_total", {**labels, "position": str(i)}, _float(v))
+                                for i, v in enumerate(per_pos)]})
+        for name, doc, key in VLLM_GAUGES:
+            out.append({"name": VLLM_PREFIX + name, "type": "gauge", "help": doc,
+                        "samples": [(VLLM_PREFIX + name, labels, _float(gauges.get(key)))]})
+        out.append(engine_histogram(VLLM_PREFIX + "inter_token_latency_seconds",
+                                    "Histogram of inter-token latency in seconds.", stats.get("inter_token_latency_s"),
+                                    VLLM_TOKEN_LATENCY_BUCKETS, labels))
+        out.append(engine_histogram(VLLM_PREFIX + "iteration_tokens_total",
+                                    "Histogram of number of tokens per engine_step.", stats.get("iteration_tokens"),
+                                    VLLM_ITERATION_TOKENS_BUCKETS, labels))
+        return out
+
+
+def engine_histogram(name: str, doc: str, hist: Mapping | None, buckets: tuple[float, ...], labels: dict) -> Family:
+    """One of the engine's histograms (engine.llm_engine.Histogram, as its stats carry it) as a Prometheus histogram
+    over `buckets`, each of which must be one of the engine's bounds (a missing histogram reads as empty)."""
+    bounds = list(hist["bounds"]) if hist else list(buckets)
+    cumulative = list(itertools.accumulate(hist["counts"])) if hist else [0] * (len(bounds) + 1)
+    samples = [(name + "_bucket", {**labels, "le": floatToGoString(b)}, float(cumulative[bounds.index(b)]))
+               for b in buckets]
+    samples += [(name + "_bucket", {**labels, "le": "+Inf"}, float(cumulative[-1])),
+                (name + "_count", labels, float(hist["count"] if hist else 0)),
+                (name + "_sum", labels, float(hist["sum"] if hist else 0.0))]
+    return {"name": name, "type": "histogram", "help": doc, "samples": samples}
 
 
 class IngressMetrics:

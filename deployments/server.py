@@ -118,7 +118,7 @@ class LLMServer:
         self.vocab_size = info["vocab_size"]
         self.speculation = info["speculation"]
         self.drafter_error = info["drafter_error"]
-        self.metrics = ReplicaMetrics()
+        self.metrics = ReplicaMetrics(config.model_name, self.max_model_len)
         self.live_streams = 0
         self._draft_contexts_live = 0.0
         self._actor_stats_ref = None

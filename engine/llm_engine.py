@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -51,6 +52,32 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None  # per output token so far
 
 
+# Bucket bounds of the engine's histograms: vLLM's (so a server can publish vLLM's families exactly) and, for
+# latencies, the millisecond range a small model on a CPU lives in.
+INTER_TOKEN_LATENCY_BOUNDS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKENS_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass
+class Histogram:
+    """Observations counted in fixed buckets, as Prometheus keeps them: counts[i] holds those in
+    (bounds[i-1], bounds[i]], and a last count those above every bound."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = self.counts or [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
 @dataclass
 class EngineCounters:
     """Monotonic counters; rates are derived by whoever reads them."""
@@ -61,6 +88,11 @@ class EngineCounters:
     requests_finished: int = 0
     preemptions: int = 0
     step_time_s: float = 0.0
+    # Per step that gives a request tokens, the time since the step that last gave it tokens (vLLM's inter-token
+    # latency: with speculation, one observation however many tokens the step accepted).
+    inter_token_latency_s: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BOUNDS_S))
+    # Prompt tokens run plus tokens generated, per step (vLLM's iteration_tokens_total).
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BOUNDS))
 
 
 class LLMEngine:
@@ -337,6 +369,10 @@ class LLMEngine:
                         token_budget=self.config.max_num_batched_tokens,
                         decoding=sum(1 for s in sched.scheduled if s.samples),
                         kv_tokens=sum(s.seq.num_computed_tokens for s in sched.scheduled))
+        now = time.monotonic()
+        for s in sched.scheduled:
+            if s.seq.first_scheduled_time is None:
+                s.seq.first_scheduled_time = now
         if self.speculator is not None:
             self.speculator.prepare(sched, self.block_manager, self.max_model_len, load)
         self.load.observe(load)
@@ -346,6 +382,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds, load.kv_tokens)
         emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
+        counted_before = self.counters.prompt_tokens + self.counters.generation_tokens
         touched = []
         for i, s in enumerate(out.order):
             seq = s.seq
@@ -366,6 +403,13 @@ class LLMEngine:
                 del seq.logprobs[seq.num_output_tokens:]
             if tokens:
                 touched.append(seq)
+        now = time.monotonic()
+        for seq in touched:
+            if seq.last_token_time is not None:
+                self.counters.inter_token_latency_s.observe(now - seq.last_token_time)
+            seq.last_token_time = now
+        self.counters.iteration_tokens.observe(self.counters.prompt_tokens + self.counters.generation_tokens
+                                               - counted_before)
         seconds = time.perf_counter() - t0
         if self.speculator is not None:
             self.speculator.observe_step(sum(map(len, emitted.values())), seconds, forward_seconds)
@@ -481,6 +525,12 @@ class LLMEngine:
             m["e2e_s"] = seq.finish_time - seq.arrival_time
             if seq.first_token_time is not None and seq.num_output_tokens > 1:
                 m["tpot_s"] = (seq.finish_time - seq.first_token_time) / (seq.num_output_tokens - 1)
+            if seq.first_scheduled_time is not None:  # vLLM's phases: queued, prefill, decode (inference = both)
+                m["queue_s"] = seq.first_scheduled_time - seq.arrival_time
+                m["inference_s"] = seq.finish_time - seq.first_scheduled_time
+                if seq.first_token_time is not None:
+                    m["prefill_s"] = seq.first_token_time - seq.first_scheduled_time
+                    m["decode_s"] = seq.finish_time - seq.first_token_time
         return m
 
 

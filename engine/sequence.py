@@ -60,7 +60,9 @@ class Sequence:
     num_emitted_tokens: int = 0
     text: str = ""
     num_emitted_chars: int = 0
+    first_scheduled_time: float | None = None  # when a step first ran any of its tokens
     first_token_time: float | None = None
+    last_token_time: float | None = None  # when a step last gave it tokens
     finish_time: float | None = None
     num_preemptions: int = 0
     # Speculative decoding state, owned by the speculator.

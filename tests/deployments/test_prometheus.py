@@ -1,9 +1,10 @@
-"""The Grafana dashboard against a real Prometheus: every panel's PromQL returns data.
+"""The Grafana dashboard, and the queries a vLLM user's dashboards run (dashboards/vllm_queries.py), against a real
+Prometheus: every query returns data.
 
 A Prometheus server (the `prometheus` binary; `scripts/setup.sh --test` installs it) scrapes the app's /metrics on
 loopback every second while a bounded loop of requests runs; then each query of dashboards/grafana_dspark.json
-(`dashboards.queries.panel_queries()`, Grafana variables replaced) goes through Prometheus' HTTP API and must come
-back with at least one finite value. Skipped, with the reason, only when there is no prometheus binary.
+(`dashboards.queries.panel_queries()`, Grafana variables replaced), and each of vLLM's, goes through
+Prometheus' HTTP API and must come back with at least one finite value. Skipped, with the reason, only when there is no prometheus binary.
 """
 from __future__ import annotations
 
@@ -114,15 +115,16 @@ def run_load(base: str) -> int:
         return sum(pool.map(worker, range(4)))
 
 
-def test_every_dashboard_query_returns_data(app, prometheus):
-    from dashboards.queries import panel_queries
-
-    t0 = time.monotonic()
+@pytest.fixture(scope="module")
+def loaded(app, prometheus):
+    """The requests that finished under load (the queries below read the window they fall in)."""
     finished = run_load(app)
     assert finished >= 8, finished
     time.sleep(3)  # a few scrapes after the last request
-    queries = panel_queries()
-    assert len(queries) >= 15
+    return finished
+
+
+def assert_queries_return_data(prometheus: str, queries: list[tuple[str, str]]) -> None:
     failures, empty = [], []
     for title, promql in queries:
         r = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=30)
@@ -133,4 +135,20 @@ def test_every_dashboard_query_returns_data(app, prometheus):
             empty.append(f"{title}: {promql} -> {body['data']['result']}")  # no series, or only NaN (0/0)
     assert not failures, "queries Prometheus rejected:\n" + "\n".join(failures)
     assert not empty, "queries without data:\n" + "\n".join(empty)
-    print(f"{len(queries)} panel queries returned data after {finished} requests in {time.monotonic() - t0:.1f} s")
+
+
+def test_every_dashboard_query_returns_data(prometheus, loaded):
+    from dashboards.queries import panel_queries
+
+    queries = panel_queries()
+    assert len(queries) >= 15
+    assert_queries_return_data(prometheus, queries)
+
+
+def test_vllm_dashboard_queries_return_data(prometheus, loaded):
+    """vLLM's names, labels (model_name) and histogram layouts, as a vLLM user's dashboard queries them."""
+    from dashboards.vllm_queries import vllm_queries
+
+    queries = vllm_queries(model_name="tiny")
+    assert len(queries) >= 30
+    assert_queries_return_data(prometheus, queries)

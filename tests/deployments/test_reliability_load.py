@@ -59,4 +59,4 @@ def test_burst_of_256_streams_loses_nothing_and_leaks_nothing(served, record_pro
     assert rel.default_drafter_available()
     assert rel.metric(samples, "dspark:speculation_enabled") == 1
     assert rel.metric(samples, "dspark:drafter_error") == 0
-    assert spec_steps > 0 and rel.metric(samples, "dspark:spec_decode_num_drafts_total") > 0
+    assert spec_steps > 0 and rel.metric(samples, "vllm:spec_decode_num_drafts_total") > 0

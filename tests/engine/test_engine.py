@@ -301,3 +301,36 @@ def test_logprobs_match_transformers(tiny_engine, tiny_dir):
         assert final.token_ids[t] in entry
         for tok, v in entry.items():
             assert abs(v - lp[tok].item()) < 1e-4
+
+
+def test_latency_histograms_count_every_step_and_phases_add_up(tiny_engine):
+    """The inter-token latency histogram gets one observation per step that gives a request tokens after its first,
+    the tokens-per-step histogram one per step whose total is the prompt and generation tokens counted; a finished
+    request's phases (queue, prefill, decode) add up to its end-to-end time, as vLLM's do."""
+    engine = tiny_engine
+    before = engine.stats()
+    itl0, iter0 = before["inter_token_latency_s"], before["iteration_tokens"]
+    prompts = random_prompts(5, 300, lo=3, hi=20, seed=7)
+    steps_with_tokens, finished = {}, {}
+    for i, p in enumerate(prompts):
+        engine.add_request(f"h{i}", p, SamplingParams(max_tokens=4 + i, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        steps += 1
+        for out in outs:
+            steps_with_tokens[out.request_id] = steps_with_tokens.get(out.request_id, 0) + bool(out.new_token_ids)
+            if out.finished:
+                finished[out.request_id] = out.metrics
+    after = engine.stats()
+    itl, it = after["inter_token_latency_s"], after["iteration_tokens"]
+    assert itl["count"] - itl0["count"] == sum(n - 1 for n in steps_with_tokens.values())
+    assert sum(itl["counts"]) == itl["count"] and itl["sum"] >= itl0["sum"]
+    assert it["count"] - iter0["count"] == after["steps"] - before["steps"] == steps
+    counted = (after["prompt_tokens"] + after["generation_tokens"]) - (before["prompt_tokens"]
+                                                                       + before["generation_tokens"])
+    assert it["sum"] - iter0["sum"] == counted == sum(map(len, prompts)) + sum(4 + i for i in range(5))
+    for m in finished.values():
+        assert m["queue_s"] >= 0 and m["prefill_s"] >= 0 and m["decode_s"] >= 0
+        assert m["queue_s"] + m["prefill_s"] + m["decode_s"] == pytest.approx(m["e2e_s"], abs=1e-9)
+        assert m["inference_s"] == pytest.approx(m["prefill_s"] + m["decode_s"], abs=1e-9)
