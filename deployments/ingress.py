@@ -449,7 +449,9 @@ class OpenAIIngress:
                 seed = None if req.seed is None else _wrap_seed(req.seed + j)
                 params = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, max_tokens=max_tokens,
                               seed=seed, stop=stops or None, stop_token_ids=req.stop_token_ids,
-                              ignore_eos=req.ignore_eos, logprobs=logprobs, speculation=req.speculation)
+                              ignore_eos=req.ignore_eos, logprobs=logprobs, speculation=req.speculation,
+                              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                              repetition_penalty=req.repetition_penalty, logit_bias=req.token_logit_bias())
                 try:
                     SamplingParams(**params)  # the engine's own validation, before anything is routed
                 except ValueError as exc:

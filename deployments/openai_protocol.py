@@ -40,10 +40,23 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     speculation: str | None = None
-    # Accepted only at their neutral values (see _unsupported).
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # vLLM's extension
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI's API sends it) -> bias
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    def token_logit_bias(self) -> dict[int, float] | None:
+        return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     @field_validator("speculation")
     @classmethod
@@ -67,7 +80,7 @@ class _SamplingRequest(BaseModel):
                 raise ValueError(f"{name}={value!r} is not supported by this server")
         return self
 
-    _NEUTRAL: ClassVar[dict] = {"presence_penalty": (0.0,), "frequency_penalty": (0.0,), "logit_bias": (None, {})}
+    _NEUTRAL: ClassVar[dict] = {}
 
     @property
     def include_usage(self) -> bool:
@@ -374,9 +387,8 @@ def openapi_schema(model_name: str, limits, max_model_len: int, vocab_size: int 
                                   {"type": "null"}]
         _constrain(props["stop_token_ids"], items=token, maxItems=limits.max_stop_token_ids)
         _constrain(props["speculation"], pattern=SPECULATION_PATTERN)
-        for penalty in ("presence_penalty", "frequency_penalty"):
-            props[penalty].update(minimum=0, maximum=0, description="accepted only at 0")
-        _constrain(props["logit_bias"], maxProperties=0, description="accepted only empty")
+        _constrain(props["logit_bias"], propertyNames={"pattern": "^[0-9]+$"},
+                   description="token id -> bias in [-100, 100]")
     chat = schemas["ChatCompletionRequest"]["properties"]
     _constrain(chat["max_completion_tokens"], minimum=1, maximum=limits.max_tokens)
     _constrain(chat["top_logprobs"], maximum=limits.max_logprobs)

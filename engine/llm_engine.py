@@ -20,6 +20,7 @@ from engine.load import LoadMonitor, StepLoad
 from engine.loader import load_hf_model, resolve_device, resolve_drafter, resolve_dtype, resolve_model
 from engine.model import DecoderLM
 from engine.model_runner import ModelRunner
+from engine.penalties import apply_penalties, has_penalties
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -250,6 +251,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode(prompt)  # a bad prompt is a 400 even when the queue is full
+        bad = [t for t in params.logit_bias or () if t >= self.model.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests); retry later")
         seq = Sequence(
@@ -423,9 +427,10 @@ class LLMEngine:
         drafted = [i for i in out.logit_rows if out.order[i].draft_tokens]
         emitted: dict[int, list[int]] = {}
         rows_of = {}
+        target_logits = self._penalised(out)
         if plain:
             rows = [out.logit_rows[i][0] for i in plain]
-            logits = out.logits if len(rows) == out.logits.shape[0] else out.logits[rows]
+            logits = target_logits if len(rows) == target_logits.shape[0] else target_logits[rows]
             batch = SamplingBatch.build([out.order[i].seq.params for i in plain],
                                         [out.order[i].seq.generator for i in plain], self.device)
             tokens = sample(logits, batch, self.generator, self.model.ops.argmax).tolist()
@@ -434,7 +439,7 @@ class LLMEngine:
                 rows_of[i] = [out.logit_rows[i][0]]
         if drafted:
             rows = [r for i in drafted for r in range(out.logit_rows[i][0], sum(out.logit_rows[i]))]
-            verified = self.speculator.verify([out.order[i] for i in drafted], out.logits[rows], self.generator,
+            verified = self.speculator.verify([out.order[i] for i in drafted], target_logits[rows], self.generator,
                                               self.model.ops.argmax)
             for i, tokens in zip(drafted, verified):
                 emitted[i] = tokens
@@ -443,6 +448,21 @@ class LLMEngine:
         if with_lp:
             self._record_logprobs(out.logits, [(out.order[i].seq, rows_of[i], emitted[i]) for i in with_lp])
         return emitted
+
+    @staticmethod
+    def _penalised(out) -> torch.Tensor:
+        """The logits the target samples and verifies with: the model's, with each request's penalties applied
+        (engine/penalties.py). A copy when any applies, so logprobs stay those of the model itself."""
+        penalised = [i for i in out.logit_rows if has_penalties(out.order[i].seq.params)]
+        if not penalised:
+            return out.logits
+        logits = out.logits.clone()
+        for i in penalised:
+            s = out.order[i]
+            first, n = out.logit_rows[i]
+            apply_penalties(logits[first:first + n], s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids,
+                            s.draft_tokens or [])
+        return logits
 
     @staticmethod
     def _record_logprobs(logits: torch.Tensor, items: list[tuple[Sequence, list[int], list[int]]]) -> None:

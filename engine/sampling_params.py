@@ -27,6 +27,12 @@ class SamplingParams:
     speculation: str | None = None
     # Optional per-token latency target (seconds); caps this request's verify length.
     target_tpot_s: float | None = None
+    # The OpenAI API's and vLLM's penalties (engine/penalties.py): they change the target's distribution, and
+    # speculation verifies against the changed one.
+    presence_penalty: float = 0.0  # subtracted once from every token the output holds
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of prompt and output tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     _stop: list[str] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -58,12 +64,23 @@ class SamplingParams:
         self.stop_token_ids = ids
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        if self.target_tpot_s is not None and not (
-            isinstance(self.target_tpot_s, (int, float)) and math.isfinite(self.target_tpot_s) and self.target_tpot_s > 0
-        ):
+        if self.target_tpot_s is not None and not (_is_number(self.target_tpot_s) and self.target_tpot_s > 0):
             raise ValueError(f"target_tpot_s must be a positive number, got {self.target_tpot_s!r}")
         if self.speculation is not None:
             parse_speculation(self.speculation)  # raises ValueError on a bad mode
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be a number in (0, 100], got {self.repetition_penalty!r}")
+        bias = dict(self.logit_bias or {})
+        for token, value in bias.items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"logit_bias keys must be non-negative token ids, got {token!r}")
+            if not _is_number(value) or not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for {token}")
+        self.logit_bias = bias or None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -76,3 +93,7 @@ class SamplingParams:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

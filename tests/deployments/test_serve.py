@@ -149,6 +149,23 @@ def test_completion_greedy_equals_in_process_engine(client, reference, prompt):
     assert sd["num_spec_steps"] == want.metrics["num_spec_steps"]
 
 
+def test_penalties_reach_the_engine(client, reference):
+    """OpenAI's presence/frequency penalties, vLLM's repetition penalty and logit_bias (string token ids) give what
+    the in-process engine gives with the same penalties, greedy, through speculation (lossless under penalties is
+    tested in tests/engine/test_speculative.py)."""
+    prompt = "Once upon a time"
+    penalties = {"presence_penalty": 1.2, "frequency_penalty": 0.5, "repetition_penalty": 1.3,
+                 "logit_bias": {"13": 4.0, "30": -100}}
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                             **penalties})
+    assert r.status_code == 200, r.text
+    want = reference(prompt, SamplingParams(max_tokens=24, ignore_eos=True, **{
+        **penalties, "logit_bias": {13: 4.0, 30: -100.0}}))
+    plain = reference(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert r.json()["choices"][0]["text"] == want.text != plain.text
+    assert 30 not in want.token_ids
+
+
 def test_chat_greedy_equals_in_process_engine(server, client, reference):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
     r = client.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 20,
@@ -305,7 +322,12 @@ BAD = [
     ("logprobs too many", "POST", C, {"json": {"prompt": "hi", "logprobs": 100}}, 400),
     ("top_logprobs without logprobs", "POST", CH, {"json": {"messages": [{"role": "user", "content": "x"}],
                                                             "top_logprobs": 2}}, 400),
-    ("presence penalty", "POST", C, {"json": {"prompt": "hi", "presence_penalty": 1.0}}, 400),
+    ("presence penalty too large", "POST", C, {"json": {"prompt": "hi", "presence_penalty": 2.5}}, 400),
+    ("repetition penalty zero", "POST", C, {"json": {"prompt": "hi", "repetition_penalty": 0}}, 400),
+    ("logit_bias key not a token id", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"a": 1}}}, 400),
+    ("logit_bias too large", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"5": 101}}}, 400),
+    ("logit_bias outside the vocabulary", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"10000000": 1}}},
+     400),
     ("empty messages", "POST", CH, {"json": {"messages": []}}, 400),
     ("bad role", "POST", CH, {"json": {"messages": [{"role": "robot", "content": "x"}]}}, 400),
     ("image content", "POST", CH, {"json": {"messages": [{"role": "user", "content": [

@@ -56,7 +56,8 @@ def test_request_validation():
     for body, needle in [('{"prompt": "hi", "temperature": NaN}', "finite"),
                          ('{"prompt": "hi", "max_tokens": "5"}', "max_tokens"),
                          ('{"prompt": "hi", "speculation": "fast"}', "invalid speculation"),
-                         ('{"prompt": "hi", "logit_bias": {"5": 1}}', "not supported"),
+                         ('{"prompt": "hi", "logit_bias": {"x5": 1}}', "token ids"),
+                         ('{"prompt": "hi", "frequency_penalty": -3}', "frequency_penalty"),
                          ('{"prompt": 1.5}', "prompt")]:
         with pytest.raises(ValidationError) as exc:
             CompletionRequest.model_validate_json(body)

@@ -1,6 +1,7 @@
 """Speculative decoding is lossless: greedy output is unchanged, sampled output has exactly the target's law."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -205,8 +206,23 @@ def tiny_vocab_pair(tmp_path_factory, default_tokenizer):
     return target_dir, folder / "drafter"
 
 
+def penalised(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Reference for engine/penalties.py, token by token: logit bias, then the repetition penalty on every token of
+    the prompt and output, then the frequency and presence penalties on the output's tokens."""
+    out = logits.clone()
+    for token, bias in (params.logit_bias or {}).items():
+        out[token] += bias
+    r = params.repetition_penalty
+    for token in set(prompt) | set(output):
+        out[token] = out[token] / r if out[token] > 0 else out[token] * r
+    for token in set(output):
+        out[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    return out
+
+
 def exact_law(target_dir, prompt, params) -> np.ndarray:
-    """P(x1, x2, x3) of plain sampling, from transformers' forward and the same temperature/top-k/top-p rule."""
+    """P(x1, x2, x3) of plain sampling, from transformers' forward and the same penalties and
+    temperature/top-k/top-p rule."""
     from transformers import AutoModelForCausalLM
 
     from engine.sampler import SamplingBatch, target_probs
@@ -217,6 +233,7 @@ def exact_law(target_dir, prompt, params) -> np.ndarray:
     with torch.no_grad():
         for prefix in itertools.product(range(V), repeat=2):
             logits = model(torch.tensor([prompt + list(prefix)])).logits[0, -3:]
+            logits = torch.stack([penalised(logits[k], params, prompt, list(prefix[:k])) for k in range(3)])
             p = target_probs(logits[None, 0].float(), batch)[0].double()
             p1 = target_probs(logits[None, 1].float(), batch)[0].double()
             p2 = target_probs(logits[None, 2].float(), batch)[0].double()
@@ -269,13 +286,20 @@ def de_bruijn(k: int, n: int) -> list[int]:
     return out + out[: n - 1]
 
 
+PENALTIES = dict(presence_penalty=2.0, frequency_penalty=1.0, repetition_penalty=1.5, logit_bias={2: 1.0, 5: -0.7})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,hints", [("fixed:3", False), ("fixed:3+lookup", False), ("fixed:3", True)],
-                         ids=["fixed:3", "fixed:3+lookup", "fixed:3-hints"])
-def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_path, monkeypatch, mode, hints):
+@pytest.mark.parametrize("mode,hints,penalties", [("fixed:3", False, False), ("fixed:3+lookup", False, False),
+                                                  ("fixed:3", True, False), ("fixed:3+lookup", False, True)],
+                         ids=["fixed:3", "fixed:3+lookup", "fixed:3-hints", "fixed:3+lookup-penalties"])
+def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_path, monkeypatch, mode, hints,
+                                                          penalties):
     """The drafter's blocks, or, with +lookup, blocks copied from a prompt that holds every 2-gram of the vocabulary
     (so lookup matches at every step, and copies by a one-hot p_d), or the blocks of a drafter that reads copy
-    hints (its p_d a function of the hint), from that prompt (so every block has a hint)."""
+    hints (its p_d a function of the hint), from that prompt (so every block has a hint). With penalties the law is
+    the penalised one (each verify row penalised by the drafts before it), which no proposer knows of."""
+    params = dataclasses.replace(PARAMS, **PENALTIES) if penalties else PARAMS
     target_dir, drafter_dir = tiny_vocab_pair
     if hints:
         drafter_dir = with_copy_hints(drafter_dir, tmp_path / "hinted", (2, 3))
@@ -284,8 +308,8 @@ def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_p
                                     kv_cache_memory_gb=0.2, max_waiting=N_SAMPLES))
     assert engine.speculator is not None, engine.drafter_error
     prompt = de_bruijn(V, 2) if mode.endswith("+lookup") or hints else [1, 4, 5, 6]
-    law = exact_law(target_dir, prompt, PARAMS)
-    counts = sample_first_three(engine, prompt, PARAMS, N_SAMPLES)
+    law = exact_law(target_dir, prompt, params)
+    counts = sample_first_three(engine, prompt, params, N_SAMPLES)
     c = engine.speculator.counters
     # both paths ran, often (copies from a prompt of every 2-gram are mostly rejected, yet thousands accepted)
     assert 0.02 * c.draft_tokens < c.accepted_tokens < 0.95 * c.draft_tokens
@@ -295,8 +319,8 @@ def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_p
     p = chi_square_p(counts, law)
     assert p > 1e-3, p
 
-    if hints:
-        return  # the test's power against a broken rule is shown by the cases without hints
+    if hints or penalties:
+        return  # the test's power against a broken rule is shown by the cases without hints or penalties
     # The same test catches a broken acceptance rule: resample from p_t instead of the residual at a rejection.
     original = rejection_sampler.verify_random
 
@@ -377,3 +401,63 @@ def test_default_model_float32_matches_plain_up_to_logit_near_ties(record_proper
         assert {a[d], b[d]} == set(top2) and gap < 1e-3, (d, gap, top2, a[d], b[d])
     record_property("float32_match_rate", matches / len(prompts))
     print(f"float32 speculative vs plain: {matches}/{len(prompts)} identical; every mismatch a near-tie")
+
+
+@pytest.mark.parametrize("mode", ["fixed:3", "fixed:5+lookup"])
+def test_greedy_speculation_with_penalties_equals_the_penalised_reference_float64(trained_pair, tmp_path,
+                                                                                  default_tokenizer, mode):
+    """Penalties change the target's greedy path; speculation must follow the changed path exactly. Reference:
+    transformers' forward at every step, penalised token by token (`penalised`), then the argmax."""
+    from transformers import AutoModelForCausalLM
+
+    target_dir, drafter_dir = trained_pair
+    if mode.endswith("+lookup"):
+        target_dir = make_predictable_target(tmp_path / "looping", default_tokenizer, seed=4, scale=0.005)
+    common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
+    plain = LLMEngine(EngineConfig(**common))
+    spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation=mode))
+    prompts = random_prompts(8, seed=3)
+    kinds = [dict(presence_penalty=0.5), dict(frequency_penalty=0.3), dict(repetition_penalty=1.3),
+             dict(logit_bias={7: 2.0, 11: -5.0}), dict(PENALTIES, logit_bias={3: 0.5}),
+             dict(presence_penalty=-0.4), dict(repetition_penalty=0.8), {}]
+    params = [SamplingParams(max_tokens=20, ignore_eos=True, **k) for k in kinds]
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    want = []
+    with torch.no_grad():
+        for prompt, sp in zip(prompts, params):
+            output = []
+            for _ in range(sp.max_tokens):
+                logits = model(torch.tensor([prompt + output])).logits[0, -1]
+                output.append(int(penalised(logits, sp, prompt, output).argmax()))
+            want.append(output)
+    assert [o.token_ids for o in run(plain, prompts, params)] == want
+    got = run(spec, prompts, params, join_every=2)
+    assert [o.token_ids for o in got] == want
+    c = spec.speculator.counters
+    assert c.accepted_tokens > 0 and c.draft_tokens > c.accepted_tokens, c  # accepting and rejecting both ran
+    unpenalised = [o.token_ids for o in run(plain, prompts, SamplingParams(max_tokens=20, ignore_eos=True))]
+    assert unpenalised[-1] == want[-1] and sum(u != w for u, w in zip(unpenalised, want)) >= 4  # they do change paths
+
+
+def test_penalties_are_validated():
+    for bad in [dict(presence_penalty=2.5), dict(frequency_penalty=float("nan")), dict(repetition_penalty=0.0),
+                dict(logit_bias={-1: 1.0}), dict(logit_bias={3: 101.0}), dict(logit_bias={"3": 1.0})]:
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+def test_each_verify_row_is_penalised_by_the_drafts_before_it():
+    """engine/penalties.py against the token-by-token reference: row j of a verify segment follows the output so
+    far plus the segment's first j drafts."""
+    from engine.penalties import apply_penalties
+
+    gen = torch.Generator().manual_seed(0)
+    prompt, output, drafts = [1, 4, 4, 9], [3, 9, 3], [5, 3, 5, 12]
+    for params in [SamplingParams(**PENALTIES), SamplingParams(frequency_penalty=-1.5, repetition_penalty=0.7),
+                   SamplingParams(logit_bias={0: 3.0, 15: -2.0})]:
+        logits = torch.randn(len(drafts) + 1, 16, generator=gen, dtype=torch.float64)
+        got = logits.clone()
+        apply_penalties(got, params, prompt, output, drafts)
+        for j in range(len(drafts) + 1):
+            torch.testing.assert_close(got[j], penalised(logits[j], params, prompt, output + drafts[:j]),
+                                       rtol=0, atol=1e-12)
