@@ -42,7 +42,7 @@ class _SamplingRequest(BaseModel):
     speculation: str | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # vLLM's extension
+    repetition_penalty: float = Field(1.0, ge=0.01, le=100.0)  # vLLM's extension
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI's API sends it) -> bias
 
     @field_validator("logit_bias")

@@ -72,8 +72,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
-        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0:
-            raise ValueError(f"repetition_penalty must be a number in (0, 100], got {self.repetition_penalty!r}")
+        # Bounded away from 0: logits / r must stay finite in the model's dtype (a denormal r would make it inf).
+        if not _is_number(self.repetition_penalty) or not 0.01 <= self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be a number in [0.01, 100], got {self.repetition_penalty!r}")
         bias = dict(self.logit_bias or {})
         for token, value in bias.items():
             if not _is_int(token) or token < 0:

@@ -324,6 +324,8 @@ BAD = [
                                                             "top_logprobs": 2}}, 400),
     ("presence penalty too large", "POST", C, {"json": {"prompt": "hi", "presence_penalty": 2.5}}, 400),
     ("repetition penalty zero", "POST", C, {"json": {"prompt": "hi", "repetition_penalty": 0}}, 400),
+    ("repetition penalty denormal", "POST", C, {"json": {"prompt": "hi", "repetition_penalty": 2.2250738585e-313}},
+     400),
     ("logit_bias key not a token id", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"a": 1}}}, 400),
     ("logit_bias too large", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"5": 101}}}, 400),
     ("logit_bias outside the vocabulary", "POST", C, {"json": {"prompt": "hi", "logit_bias": {"10000000": 1}}},

@@ -441,6 +441,7 @@ def test_greedy_speculation_with_penalties_equals_the_penalised_reference_float6
 
 def test_penalties_are_validated():
     for bad in [dict(presence_penalty=2.5), dict(frequency_penalty=float("nan")), dict(repetition_penalty=0.0),
+                dict(repetition_penalty=2.2250738585e-313),  # found by the HTTP fuzzer: logits / r overflowed
                 dict(logit_bias={-1: 1.0}), dict(logit_bias={3: 101.0}), dict(logit_bias={"3": 1.0})]:
         with pytest.raises(ValueError):
             SamplingParams(**bad)
