@@ -172,7 +172,7 @@ class ReplicaMetrics:
 
     def observe_finished(self, finish_reason: str | None, metrics: Mapping | None) -> None:
         """A request that finished (stop/length) or was aborted (client gone, cancelled): count it and, when it
-        finished, observe its latencies (RequestOutput.metrics: ttft_s, tpot_s, e2e_s)."""
+        finished, observe its RequestOutput.metrics (the keys of VLLM_REQUEST_HISTOGRAMS)."""
         reason = finish_reason if finish_reason in FINISH_REASONS else "abort"
         self.vllm_request_success.labels(*self.vllm_labels.values(), reason).inc()
         if reason == "abort":
