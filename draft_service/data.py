@@ -110,7 +110,8 @@ def read_index(folder: Path) -> list[Sample]:
     path = Path(folder) / "index.jsonl"
     if not path.exists():
         return []
-    return [Sample(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")[:-1]  # a last line without its newline is still being written
+    return [Sample(**json.loads(line)) for line in lines if line.strip()]
 
 
 class Cache:

@@ -299,9 +299,11 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: TrainConfig,
-          tap_layers: list[int], eos_ids: list[int], log=print, stop_after: int | None = None) -> DSparkDrafter:
+          tap_layers: list[int], eos_ids: list[int], log=print, stop_after: int | None = None,
+          follow: bool = False) -> DSparkDrafter:
     """Train (or resume) a drafter into `out`. Checkpoints go to out/checkpoint.pt; the result to out/drafter.
-    `stop_after`: checkpoint and return after this many steps (a run cut short, to be resumed)."""
+    `stop_after`: checkpoint and return after this many steps (a run cut short, to be resumed). `follow`: reopen
+    the training cache at every checkpoint, so a run can start while another process still adds answers to it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
@@ -379,6 +381,12 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
                         "optimizer": opt.state_dict(), "step": step, "history": history, "rng": rng.getstate(),
                         "train_config": asdict(tc), "draft_vocab": draft_vocab}, tmp)
             tmp.replace(ckpt_path)
+            if follow:
+                train_cache = Cache(train_cache.folder)
+                grown = [s for s in train_cache.samples if s.n_tokens - s.prompt_len > 2]
+                if len(grown) > len(samples):
+                    log(f"step {step}: the training cache grew to {len(grown)} answers")
+                    samples = grown
     bar.close()
     model.eval()
     if step < tc.steps:

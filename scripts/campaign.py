@@ -83,11 +83,15 @@ def cmd_generate(args) -> None:
 def cmd_featurize(args) -> None:
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import resolve_model
+    from engine.loader import resolve_dtype, resolve_model
 
     folder = Path(args.folder)
     plan = json.loads((folder / "plan.json").read_text())
-    target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.bfloat16).eval()
+    # The engine's own choice: bf16 where the CPU has native bf16 (where the answers came from), else float32,
+    # which without native bf16 runs the target many times faster at a near-equal result.
+    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    log.info("featurizing with the target in %s", dtype)
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=dtype).eval()
     for split in ("heldout", "train"):
         n = featurize(folder / "answers" / split, folder / "cache" / split, target, plan["tap_layers"], log=log.info)
         log.info("%s: %d answers featurized", split, n)
@@ -109,7 +113,8 @@ def cmd_train(args) -> None:
                      init_from=args.init_from, mask_token_id=16, eval_every=args.eval_every,
                      checkpoint_every=args.eval_every, copy_hint_ngram=args.copy_hints)
     train(target, Cache(folder / "cache" / "train"), Cache(folder / "cache" / "heldout"), folder / "train" / args.run,
-          tc, plan["tap_layers"], eos if isinstance(eos, list) else [eos], log=log.info, stop_after=args.stop_after)
+          tc, plan["tap_layers"], eos if isinstance(eos, list) else [eos], log=log.info, stop_after=args.stop_after,
+          follow=args.follow)
 
 
 def cmd_status(args) -> None:
@@ -154,6 +159,7 @@ def main() -> None:
         q = sub.add_parser(name)
         q.add_argument("--folder", required=True)
         q.add_argument("--threads", type=int, default=None)
+        q.add_argument("--dtype", default="auto", help="featurize: the target's dtype (auto: the engine's choice)")
         q.add_argument("--batch", type=int, default=64)
         q.add_argument("--run", default="main")
         q.add_argument("--steps", type=int, default=6000)
@@ -163,6 +169,8 @@ def main() -> None:
         q.add_argument("--draft-vocab", type=int, default=12288)
         q.add_argument("--eval-every", type=int, default=250)
         q.add_argument("--init-from", default=None)
+        q.add_argument("--follow", action="store_true",
+                       help="train: reopen the training cache at each checkpoint (train while featurize still adds)")
         q.add_argument("--copy-hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
                        help="train with copy hints: prompt lookup's proposals over n-grams of MIN_N..MAX_N tokens")
     args = ap.parse_args()

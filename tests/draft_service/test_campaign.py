@@ -115,3 +115,20 @@ def test_featurize_rebuilds_the_cache_from_shards_as_the_engine_made_it(generate
         assert (ids_a[:, 0] == ids_b[:, 0]).all()
         np.testing.assert_allclose(lp_a[:, 0], lp_b[:, 0], atol=2e-2)
     assert json.loads((tmp_path / "rebuilt" / "meta.json").read_text())["topk"] == 32
+
+
+def test_a_cache_read_while_featurize_writes_it_sees_whole_answers_only(generated, tmp_path):
+    """Training with --follow reopens the cache while featurize appends: an index line still being written (no
+    newline yet) is not an answer, and the answers before it read whole."""
+    from transformers import AutoModelForCausalLM
+
+    folder, model_dir, _ = generated
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    featurize(folder / "answers" / "train", tmp_path / "c", target, TAPS, topk=8, log=lambda *_: None)
+    index = tmp_path / "c" / "index.jsonl"
+    whole = index.read_text()
+    index.write_text(whole + whole.splitlines()[0][:30])  # a writer mid-line
+    cache = Cache(tmp_path / "c")
+    assert len(cache.samples) == 14
+    last = cache.samples[-1]
+    assert cache.taps(last).shape[0] == last.n_tokens - 1 and len(cache.tokens(last)) == last.n_tokens
