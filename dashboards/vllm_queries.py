@@ -39,6 +39,8 @@ QUERIES: list[tuple[str, str]] = [
     ("Tokens per step p50",
      f"histogram_quantile(0.5, sum by (le) (rate(vllm:iteration_tokens_total_bucket{{{M}}}[{R}])))"),
     ("Preemptions/s", f"rate(vllm:num_preemptions_total{{{M}}}[{R}])"),
+    ("Prefix cache hit rate", f"sum(rate(vllm:prefix_cache_hits_total{{{M}}}[{R}])) / "
+                              f"sum(rate(vllm:prefix_cache_queries_total{{{M}}}[{R}]))"),
     ("Draft acceptance rate", f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{M}}}[{R}])) / "
                               f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{M}}}[{R}]))"),
     ("Mean acceptance length", f"1 + sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{M}}}[{R}])) / "

@@ -103,8 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
     engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                           drafter=None if args.drafter in (None, "none") else args.drafter,
-                          speculation=args.speculation, **({"max_num_seqs": args.max_num_seqs}
-                                                           if args.max_num_seqs else {}))
+                          speculation=args.speculation, enable_prefix_caching=args.enable_prefix_caching,
+                          **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
     config = LLMServingConfig(engine=engine, num_replicas=args.replicas,
                               drafter_mode="none" if engine.drafter is None else args.drafter_mode,
                               served_model_name=args.served_model_name, ingress_mode=args.ingress_mode,
@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     srv.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the local Ray (default: all)")
     srv.add_argument("--max-num-seqs", type=int, default=None)
+    srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                     help="share the KV blocks (and taps) of prompt prefixes computed before (vLLM's flag)")
     srv.add_argument("--served-model-name", default=None, help="the `model` clients send")
     srv.add_argument("--app-name", default="dspark")
     srv.set_defaults(func=cmd_serve)

@@ -37,8 +37,9 @@ from deployments.openai_protocol import (APIError, ChatChoice, ChatChunkChoice, 
                                          ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
                                          ChatMessageOut, CompletionChoice, CompletionChunk, CompletionLogprobs,
                                          CompletionRequest, CompletionResponse, DeltaMessage, ModelCard, ModelList,
-                                         ResponseMetrics, SpeculativeDecodingMetrics, TokenLogprob, TopLogprob,
-                                         UsageInfo, openapi_schema, random_id, validation_message)
+                                         PromptTokensDetails, ResponseMetrics, SpeculativeDecodingMetrics,
+                                         TokenLogprob, TopLogprob, UsageInfo, openapi_schema, random_id,
+                                         validation_message)
 from deployments.ratelimit import TokenBuckets, client_key, retry_after_header
 from engine.loader import resolve_model
 from engine.sampling_params import SamplingParams
@@ -545,7 +546,8 @@ class OpenAIIngress:
         else:
             if req.include_usage:
                 cls = ChatCompletionChunk if chat else CompletionChunk
-                usage = self._usage(choices, [{"num_output_tokens": c.num_output_tokens} for c in choices])
+                usage = self._usage(choices, [{"num_output_tokens": c.num_output_tokens, "metrics": c.metrics}
+                                              for c in choices])
                 yield _sse_data(cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage,
                                     metrics=_metrics([c.metrics for c in choices])).model_dump(exclude_none=True))
 
@@ -554,7 +556,12 @@ class OpenAIIngress:
     def _usage(self, choices: list[_Choice], results: list[dict]) -> UsageInfo:
         prompt = sum(len(p) for p in {c.prompt_index: c.prompt for c in choices}.values())
         completion = sum(r["num_output_tokens"] for r in results)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached: dict[int, int] = {}  # per prompt: choices of one prompt (n > 1) share its cached tokens
+        for c, r in zip(choices, results):
+            hit = (r.get("metrics") or {}).get("num_cached_tokens", 0)
+            cached[c.prompt_index] = max(cached.get(c.prompt_index, 0), hit)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached.values())))
 
     def _token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

@@ -159,10 +159,15 @@ class ChatCompletionRequest(_SamplingRequest):
 # ----- responses ------------------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class SpeculativeDecodingMetrics(BaseModel):

@@ -21,6 +21,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(1024, ge=16, description="token budget of one packed forward")
     max_model_len: int | None = Field(None, ge=2, description="default: the model's, capped at 8192 and the cache")
     max_waiting: int = Field(4096, ge=0, description="requests queued for admission before add_request refuses")
+    enable_prefix_caching: bool = Field(True, description="share the K/V (and taps) of full blocks of tokens "
+                                        "already computed, as vLLM's automatic prefix caching")
     tap_layers: list[int] = Field(default_factory=list, description="decoder layers whose outputs are tapped")
     seed: int = 0
     # Speculative decoding (DSpark).

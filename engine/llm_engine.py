@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_DEFAULT_GB = 2.0
 MAX_CONTEXT_DEFAULT = 8192
+TAP_RESERVE_LAYERS = 5  # taps budgeted per cached block before the drafter says how many it reads (DSpark's 5)
 
 
 class QueueFullError(RuntimeError):
@@ -88,6 +89,8 @@ class EngineCounters:
     generation_tokens: int = 0
     requests_finished: int = 0
     preemptions: int = 0
+    prefix_cache_queries: int = 0  # tokens of admitted requests looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of them, found there
     step_time_s: float = 0.0
     # Per step that gives a request tokens, the time since the step that last gave it tokens (vLLM's inter-token
     # latency: with speculation, one observation however many tokens the step accepted).
@@ -125,6 +128,9 @@ class LLMEngine:
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
         per_block = KVCache.bytes_per_block(num_layers, config.block_size, hf_cfg.num_key_value_heads, head_dim,
                                             self.dtype)
+        if config.enable_prefix_caching:  # cached blocks keep their taps beside their K/V: budget for them
+            tap_count = len(config.tap_layers) or (TAP_RESERVE_LAYERS if drafter_factory is not None else 0)
+            per_block += config.block_size * tap_count * hf_cfg.hidden_size * torch.finfo(self.dtype).bits // 8
         num_blocks = self._kv_budget_bytes(hf_model) // per_block
         model_max = getattr(hf_cfg, "max_position_embeddings", MAX_CONTEXT_DEFAULT)
         if config.max_model_len and config.max_model_len > model_max:
@@ -148,7 +154,11 @@ class LLMEngine:
             if not 0 <= layer < num_layers:
                 raise ValueError(f"tap layer {layer} out of range: the model has {num_layers} decoder layers")
         self.tap_layers = tuple(tap_layers)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # The taps of each cached block, kept with it so a sequence starting from a cached prefix gets them too.
+        self.tap_cache = (torch.empty(num_blocks, config.block_size, len(self.tap_layers) * self.model.hidden_size,
+                                      dtype=self.dtype, device=self.device)
+                          if config.enable_prefix_caching and self.tap_layers else None)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, self.tap_layers)
         self.eos_token_ids = _eos_ids(self.tokenizer, path)
@@ -304,10 +314,9 @@ class LLMEngine:
         if not seq.num_prompt_tokens <= new_len <= seq.num_tokens:
             raise ValueError(f"cannot truncate to {new_len}: prompt {seq.num_prompt_tokens}, length {seq.num_tokens}")
         del seq.token_ids[new_len:]
-        seq.num_computed_tokens = min(seq.num_computed_tokens, new_len - 1)
+        seq.num_computed_tokens = self.block_manager.truncate(seq, min(seq.num_computed_tokens, new_len - 1))
         if seq.taps is not None:
             seq.taps.truncate(seq.num_computed_tokens)
-        self.block_manager.truncate(seq, seq.num_computed_tokens)
         # Re-derive the text from the kept tokens.
         seq.detokenizer = IncrementalDetokenizer(self.decode, seq.prompt_token_ids, seq.params.stop_strings)
         for t in seq.output_token_ids:
@@ -366,8 +375,12 @@ class LLMEngine:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         self.counters.preemptions += len(sched.preempted)
+        self.counters.prefix_cache_queries = self.scheduler.cache_queries
+        self.counters.prefix_cache_hits = self.scheduler.cache_hits
         if not sched.scheduled:
             return []
+        for seq in sched.cache_hits:
+            self._restore_cached_taps(seq)
         load = StepLoad(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                         max_num_seqs=self.config.max_num_seqs, tokens=sched.num_tokens,
                         token_budget=self.config.max_num_batched_tokens,
@@ -399,7 +412,8 @@ class LLMEngine:
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 self.counters.prompt_tokens += s.num_new_tokens
             if s.draft_tokens:
-                self.block_manager.truncate(seq, seq.num_computed_tokens)
+                self.block_manager.truncate(seq, seq.num_computed_tokens)  # never inside a cached block
+            self._cache_full_blocks(seq, tokens[:-1])  # before a stop can free its blocks
             for token in tokens:
                 if self._append_token(seq, token):
                     break  # a stop inside an accepted segment ends the sequence at exactly that token
@@ -420,6 +434,23 @@ class LLMEngine:
         self.counters.steps += 1
         self.counters.step_time_s += seconds
         return [self._output(seq) for seq in touched]
+
+    def _restore_cached_taps(self, seq: Sequence) -> None:
+        """A sequence admitted from the prefix cache: its taps for the cached tokens come from the blocks."""
+        if seq.taps is not None:
+            n = seq.num_computed_tokens
+            blocks = torch.tensor(seq.block_table[:n // self.config.block_size], device=self.device)
+            seq.taps.write(0, self.tap_cache[blocks].flatten(0, 1))
+
+    def _cache_full_blocks(self, seq: Sequence, accepted: list[int]) -> None:
+        bs = self.config.block_size
+        for i, block in self.block_manager.cache_full_blocks(seq, accepted):
+            if self.tap_cache is not None:
+                self.tap_cache[block] = seq.taps.data[i * bs:(i + 1) * bs]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): later requests compute their prompts afresh."""
+        self.block_manager.reset_cache()
 
     def _accept(self, out) -> dict[int, list[int]]:
         """Sample the plain rows and verify the drafted ones. Returns order index -> tokens to emit."""
@@ -536,6 +567,7 @@ class LLMEngine:
             "num_prompt_tokens": seq.num_prompt_tokens,
             "num_output_tokens": seq.num_output_tokens,
             "num_preemptions": seq.num_preemptions,
+            "num_cached_tokens": seq.num_cached_tokens,
         }
         if seq.first_token_time is not None:
             m["ttft_s"] = seq.first_token_time - seq.arrival_time

@@ -2,7 +2,8 @@
 
 Running sequences go first, in arrival order. A sequence that cannot get a KV block preempts the newest running one,
 which drops its cache and is recomputed later from its tokens, so nothing is lost. Waiting prompts are admitted
-while the token budget, the sequence limit and the free blocks (above a small watermark) allow.
+while the token budget, the sequence limit and the free blocks (above a small watermark) allow; with prefix
+caching, an admitted sequence starts after the leading blocks of its tokens that the cache holds.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
+    cache_hits: list[Sequence] = field(default_factory=list)  # admitted with leading blocks from the prefix cache
 
     @property
     def num_tokens(self) -> int:
@@ -48,6 +50,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.cache_queries = 0  # tokens of admitted sequences looked up in the prefix cache
+        self.cache_hits = 0  # of them, found there
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -59,6 +63,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
+        cache_hits: list[Sequence] = []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -75,16 +80,27 @@ class Scheduler:
                 i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if self.blocks.missing_blocks(seq, seq.num_computed_tokens + n) + self.watermark > self.blocks.num_free:
+            hits = self.blocks.match_prefix(seq)  # cached leading blocks: taken by reference, not computed
+            computed = len(hits) * self.blocks.block_size if hits else seq.num_computed_tokens
+            n = min(seq.num_tokens - computed, budget)
+            need = self.blocks.blocks_for(computed + n) - len(hits) - len(seq.block_table)
+            if need + self.blocks.blocks_taken_from_free(hits) + self.watermark > self.blocks.num_free:
                 break
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            if self.blocks.enable_caching:
+                self.cache_queries += seq.num_tokens
+                self.cache_hits += computed if hits else 0
+            if hits:
+                self.blocks.take_prefix(seq, hits)
+                seq.num_computed_tokens = computed
+                cache_hits.append(seq)
+            seq.num_cached_tokens = computed if hits else 0
+            self.blocks.allocate(seq, computed + n)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, cache_hits)
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)

@@ -51,6 +51,8 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hash chain of its full computed blocks
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was last admitted
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     generator: torch.Generator | None = None

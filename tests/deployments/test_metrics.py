@@ -21,7 +21,8 @@ from deployments.launch import run_app
 from deployments.metrics import IngressMetrics, ReplicaMetrics, render
 
 COUNTERS = ["vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:request_success_total",
-            "vllm:num_preemptions_total", "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+            "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
             "dspark:spec_decode_verify_length_total", "dspark:draft_fallbacks_total"]
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -46,7 +47,8 @@ def value(samples, name: str, **labels) -> float:
 
 def fake_stats(**over) -> dict:
     stats = {"num_running": 0, "num_waiting": 0, "kv_usage": 0.25, "kv_blocks_used": 5, "kv_blocks_total": 20,
-             "generation_tokens": 10, "prompt_tokens": 7, "preemptions": 0, "speculation": True,
+             "generation_tokens": 10, "prompt_tokens": 7, "preemptions": 0, "prefix_cache_queries": 40,
+             "prefix_cache_hits": 32, "speculation": True,
              "drafter_error": None, "max_num_seqs": 4, "max_num_batched_tokens": 64, "time": time.time(),
              "load": {"queue_depth": 1.0, "running": 2.0, "kv_usage": 0.25, "seq_occupancy": 0.5,
                       "token_occupancy": 0.4, "verify_tokens_per_step": 3.0, "verify_tokens_per_seq": 1.5,
@@ -98,6 +100,7 @@ def test_render_names_labels_and_engine_counters():
 
 
 VLLM_COUNTERS = {"vllm:prompt_tokens": 7, "vllm:generation_tokens": 10, "vllm:num_preemptions": 0,
+                 "vllm:prefix_cache_queries": 40, "vllm:prefix_cache_hits": 32,
                  "vllm:spec_decode_num_drafts": 3, "vllm:spec_decode_num_draft_tokens": 9,
                  "vllm:spec_decode_num_accepted_tokens": 4}  # fake_stats' values
 VLLM_HISTOGRAM_BUCKETS = {  # vLLM v1's bounds (vllm/v1/metrics/loggers.py); token counts 1-2-5 up to max_model_len
@@ -280,6 +283,8 @@ def test_counters_move_under_load_and_match_the_engine(server):
         expect.update({("vllm:generation_tokens_total", tiny): s["generation_tokens"],
                        ("vllm:prompt_tokens_total", tiny): s["prompt_tokens"],
                        ("vllm:num_preemptions_total", tiny): s["preemptions"],
+                       ("vllm:prefix_cache_queries_total", tiny): s["prefix_cache_queries"],
+                       ("vllm:prefix_cache_hits_total", tiny): s["prefix_cache_hits"],
                        ("vllm:spec_decode_num_drafts_total", tiny): spec["drafts"],
                        ("vllm:spec_decode_num_draft_tokens_total", tiny): spec["draft_tokens"],
                        ("vllm:spec_decode_num_accepted_tokens_total", tiny): spec["accepted_tokens"],

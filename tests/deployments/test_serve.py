@@ -143,10 +143,26 @@ def test_completion_greedy_equals_in_process_engine(client, reference, prompt):
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": 24,
-                             "total_tokens": len(want.prompt_token_ids) + 24}
+                             "total_tokens": len(want.prompt_token_ids) + 24,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # shorter than a KV block
     sd = body["metrics"]["speculative_decoding"]
     assert set(sd) == SPEC_KEYS and sd["num_spec_steps"] > 0 and sd["num_draft_tokens"] > 0
     assert sd["num_spec_steps"] == want.metrics["num_spec_steps"]
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(client, reference):
+    """The second request for a long prompt takes its full KV blocks from the cache (usage says how many tokens,
+    as OpenAI's cached_tokens), and its answer is still the engine's own."""
+    prompt = list(range(100, 160))  # 60 tokens: 3 full blocks of 16, the last token always computed
+    want = reference(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    bodies = []
+    for _ in range(2):
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                 "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        bodies.append(r.json())
+    assert bodies[1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 48}
+    assert [b["choices"][0]["text"] for b in bodies] == [want.text] * 2
 
 
 def test_penalties_reach_the_engine(client, reference):

@@ -186,6 +186,38 @@ def test_stop_inside_accepted_segment(trained_pair):
         assert run(spec, [p], SamplingParams(max_tokens=9, ignore_eos=True))[0].token_ids == ref[:9]
 
 
+def test_prefix_cache_gives_draft_contexts_the_cached_taps(trained_pair):
+    """Sequences that start from a cached prefix draft exactly as they do without caching (the cached blocks' taps
+    reach their draft contexts), and the output is plain decoding's. With the cached taps wiped, their drafts
+    change (the check has power) and the output still does not."""
+    target_dir, drafter_dir = trained_pair
+    common = dict(model=str(target_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05)
+    rng = random.Random(30)
+    prefix = [rng.randrange(3, 128) for _ in range(40)]
+    prompts = [prefix + [rng.randrange(3, 128) for _ in range(rng.randint(1, 10))] for _ in range(6)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    want = [o.token_ids for o in run(LLMEngine(EngineConfig(**common, enable_prefix_caching=False)), prompts, params)]
+
+    def drafted(caching, wipe=False):
+        engine = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation="fixed:5",
+                                        enable_prefix_caching=caching))
+        first = run(engine, prompts[:1], params)  # fills the cache
+        if wipe:
+            engine.tap_cache.zero_()
+        outs = first + run(engine, prompts[1:], params)
+        assert [o.token_ids for o in outs] == want
+        return engine, [(o.metrics["num_cached_tokens"], o.metrics["num_spec_steps"],
+                         o.metrics["acceptance_histogram"]) for o in outs]
+
+    engine, cached = drafted(True)
+    _, uncached = drafted(False)
+    assert [c[0] for c in cached] == [0] + [32] * 5
+    assert [c[1:] for c in cached] == [c[1:] for c in uncached]
+    assert engine.speculator.counters.accepted_tokens > 0
+    _, blind = drafted(True, wipe=True)
+    assert [c[1:] for c in blind[1:]] != [c[1:] for c in uncached[1:]]
+
+
 # ----- sampling: the law of the output --------------------------------------------------------------------------
 
 V = 8  # a tiny vocabulary, so the joint law of 3 tokens has 512 cells
@@ -316,6 +348,8 @@ def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_p
     assert c.verify_length_hist[3] > 0
     assert c.lookup_drafts == (c.drafts if mode.endswith("+lookup") else 0), c
     assert c.hinted_drafts * 3 == (c.proposed_tokens if hints else 0), c  # with hints, every block had one
+    # the long prompt's samples shared its cached blocks (prefix caching is on by default), taps and all
+    assert (engine.counters.prefix_cache_hits > 0) == (len(prompt) > engine.config.block_size)
     p = chi_square_p(counts, law)
     assert p > 1e-3, p
 
