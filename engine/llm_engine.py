@@ -176,8 +176,9 @@ class LLMEngine:
     def _start_drafter(self, factory: DrafterFactory, num_blocks: int) -> Drafter | None:
         cfg = self.config
         # Contexts hold at most the tokens the KV cache holds, plus one partial page per sequence.
+        self.draft_context_tokens = num_blocks * cfg.block_size + cfg.max_num_seqs * 16
         target = DraftTarget(self.model.embed_tokens, self.model.lm_head_weight, self.dtype, self.device,
-                             max_context_tokens=num_blocks * cfg.block_size + cfg.max_num_seqs * 16)
+                             max_context_tokens=self.draft_context_tokens)
         try:
             return factory(target)
         except Exception as exc:  # keep serving without speculation, and say so
@@ -194,7 +195,7 @@ class LLMEngine:
             self.drafter_error = f"drafter could not start: {exc}"
             log.error("%s; serving without speculation", self.drafter_error)
             return
-        self.speculator = Speculator(service, mode, cost, cfg.max_num_batched_tokens)
+        self.speculator = Speculator(service, mode, cost, cfg.max_num_batched_tokens, self.draft_context_tokens)
         log.info("speculation on (%s, gamma %d); SPS(B) %s", mode, service.gamma,
                  {b: round(v, 1) for b, v in cost.table().items()})
 

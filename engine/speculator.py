@@ -38,6 +38,7 @@ from engine.verify_length import Candidate, choose_verify_lengths, latency_cap
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE_S = 5.0
+CONTEXT_PAGE = 16  # tokens per page of the draft service's context pool (draft_service/context.py's default)
 LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 3  # a 1-gram match copies too often in vain (bench/drafter_report.py)
 # A lookup draft's acceptance at each position given the ones before, before any is observed (the tracker scales it
 # to what is seen): measured on the default model's held-out answers where a 2- or 3-gram matched (54% of anchors;
@@ -89,12 +90,18 @@ class SpecCounters:
     lookup_accepted_tokens: int = 0
     hinted_drafts: int = 0  # (sequence, round) pairs sent to the drafter with a copy hint (Drafter.copy_hint_ngram)
     fallbacks: int = 0  # draft service failures that fell back to plain decoding
+    context_limited: int = 0  # sequence-steps that decoded plainly because their draft context did not fit
     draft_seconds: float = 0.0
 
 
 class Speculator:
-    def __init__(self, service: Drafter, default_mode: SpecMode, cost: StepCostModel, budget: int):
+    def __init__(self, service: Drafter, default_mode: SpecMode, cost: StepCostModel, budget: int,
+                 context_capacity: int | None = None):
+        """`context_capacity`: the tokens the draft service's context pool holds (pages of CONTEXT_PAGE), or None
+        for no limit."""
         self.service = service
+        self.context_pages = None if context_capacity is None else context_capacity // CONTEXT_PAGE
+        self.context_holders: dict[str, int] = {}  # request id -> context tokens the service holds for it
         self.gamma = service.gamma
         # The n-gram sizes of the copy hints the drafter reads, or None (then none are computed). A drafter that
         # predates hints has no such property.
@@ -180,6 +187,7 @@ class Speculator:
         if self.gated and not self.gate.should_draft(len(decoding), fresh):
             self.counters.skipped_rounds += 1
             drafting = []
+        drafting = self._fit_contexts(drafting)
         step = self._draft([s.seq for s, _, _ in drafting]) if drafting else None
         if step is None:
             drafting = []
@@ -247,6 +255,32 @@ class Speculator:
     def _tracker(self, seq: Sequence) -> AcceptanceTracker:
         return self.lookup_tracker if seq.spec.by_lookup else self.tracker
 
+    def _fit_contexts(self, drafting: list) -> list:
+        """The sequences whose draft contexts, grown to their computed tokens, and blocks (pages lent for the round)
+        fit the context pool; the others decode plainly this step. Sequences that already hold a context come first.
+        Prefix caching makes this bind: sequences share the K/V blocks of a cached prefix, but each has its own draft
+        context over it."""
+        if self.context_pages is None or not drafting:
+            return drafting
+
+        def pages(n: int) -> int:
+            return -(-n // CONTEXT_PAGE)
+
+        held = {k: pages(v) for k, v in self.context_holders.items()}
+        total, lent, allowed = sum(held.values()), 0, set()
+        for first in (True, False):
+            for s, _, _ in drafting:
+                key, n = s.seq.request_id, s.seq.num_computed_tokens
+                if (key in held) != first or key in allowed:
+                    continue
+                grow, block = pages(n) - held.get(key, 0), pages(n + self.gamma) - pages(n)
+                if total + grow + lent + block <= self.context_pages:
+                    allowed.add(key)
+                    total, lent, held[key] = total + grow, lent + block, pages(n)
+        if len(allowed) < len(drafting):
+            self.counters.context_limited += len(drafting) - len(allowed)
+        return [x for x in drafting if x[0].seq.request_id in allowed]
+
     def _draft(self, seqs: list[Sequence]) -> DraftStep | None:
         syncs, work = [], []
         appended = catch_up = 0  # context tokens appended; of them, more than one step can add to a sequence
@@ -259,6 +293,7 @@ class Speculator:
             appended += computed - keep
             catch_up += max(0, computed - keep - (self.gamma + 1))
             seq.spec.context_len = computed
+            self.context_holders[seq.request_id] = computed
             hint = None
             if self.hint_ngram is not None:  # what lookup proposes after the anchor (the last of token_ids)
                 hint = self._ngram_index(seq, self.hint_ngram).propose(seq.token_ids, self.gamma - 1)[0] or None
@@ -272,6 +307,7 @@ class Speculator:
             self.counters.fallbacks += 1
             self.disabled_until = time.monotonic() + RETRY_AFTER_FAILURE_S
             self.epoch += 1
+            self.context_holders.clear()
             log.warning("draft service failed (%s); plain decoding for %.0f s", exc, RETRY_AFTER_FAILURE_S)
             return None
         seconds = time.perf_counter() - t0
@@ -371,6 +407,7 @@ class Speculator:
         for key in keys:
             self.tracker.forget(key)
             self.lookup_tracker.forget(key)
+            self.context_holders.pop(key, None)
         if keys:
             try:
                 self.service.release(keys)

@@ -218,6 +218,29 @@ def test_prefix_cache_gives_draft_contexts_the_cached_taps(trained_pair):
     assert [c[1:] for c in blind[1:]] != [c[1:] for c in uncached[1:]]
 
 
+def test_draft_contexts_that_do_not_fit_decode_plainly(trained_pair):
+    """Sequences sharing a cached prefix share its K/V blocks but each has its own draft context, so the contexts
+    can outgrow the draft pool that the KV cache sized. Those that do not fit decode plainly that step: the draft
+    service never fails for room, and the output is plain decoding's."""
+    target_dir, drafter_dir = trained_pair
+    common = dict(model=str(target_dir), dtype="float64", device="cpu", max_num_seqs=8)
+    probe = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), kv_cache_memory_gb=0.05))
+    block_bytes = 0.05 * 2**30 / probe.block_manager.num_blocks
+    common["kv_cache_memory_gb"] = 40.5 * block_bytes / 2**30  # 40 blocks; contexts of 40 * 16 + 8 * 16 tokens
+    rng = random.Random(31)
+    prefix = [rng.randrange(3, 128) for _ in range(64)]
+    prompts = [prefix + [rng.randrange(3, 128) for _ in range(rng.randint(5, 12))] for _ in range(8)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)  # 8 contexts of up to 116 tokens: 72 pages of 48
+    want = [o.token_ids for o in run(LLMEngine(EngineConfig(**common)), prompts, params)]
+    spec = LLMEngine(EngineConfig(**common, drafter=str(drafter_dir), speculation="fixed:5"))
+    assert spec.block_manager.num_blocks == 40
+    outs = run(spec, prompts[:1], params) + run(spec, prompts[1:], params)  # the first fills the cache
+    assert [o.token_ids for o in outs] == want
+    c = spec.speculator.counters
+    assert spec.counters.prefix_cache_hits >= 7 * 64
+    assert c.fallbacks == 0 and c.context_limited > 0 and c.accepted_tokens > 0, c
+
+
 # ----- sampling: the law of the output --------------------------------------------------------------------------
 
 V = 8  # a tiny vocabulary, so the joint law of 3 tokens has 512 cells
