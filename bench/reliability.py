@@ -237,6 +237,8 @@ def raw_stream_then_close(port: int, path: str, body: dict, min_events: int = 2,
         deadline = time.monotonic() + timeout_s
         while received.count(b"data: ") < min_events:
             assert time.monotonic() < deadline, f"only {received[:300]!r} within {timeout_s} s"
+            if b"\r\n" in received and b" 200 " not in received.split(b"\r\n", 1)[0]:
+                break  # refused (e.g. 400): no stream will come
             chunk = sock.recv(65536)
             assert chunk, f"the server closed the stream early: {received[:300]!r}"
             received += chunk
@@ -449,9 +451,10 @@ def tiny_models(folder: Path, vocab_size: int | None = 512, max_positions: int =
     return target, make_tiny_drafter(folder / "drafter", vocab_size)
 
 
-def faults_config(target: Path, drafter: Path | None, kv_gb: float = 0.005, max_num_seqs: int = 8, **serving):
+def faults_config(target: Path, drafter: Path | None, kv_gb: float = 0.01, max_num_seqs: int = 8, **serving):
     """float64 tiny target + tiny drafter in the draft actor, `fixed:3` speculation (drafts every step), a small KV
-    cache (~2600 tokens, so a few long requests exhaust it), fast health checks (a dead replica is noticed soon)."""
+    cache (~2300 tokens beside the prefix cache's taps, so a few long requests exhaust it), fast health checks (a
+    dead replica is noticed soon)."""
     from deployments.config import DeploymentOptions, LLMServingConfig, MetricsOptions, RequestLimits
     from engine import EngineConfig
 
