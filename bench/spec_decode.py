@@ -40,8 +40,12 @@ CONCURRENCY = [1, 4, 16, 64]
 MIXES = {"in_domain": ("heldout", 0.0), "hard": ("hard", 1.0)}
 
 
-def run_cell(engine, prompts, mode: str, temperature: float, new_tokens: int, seed: int, conc: int | None = None
-             ) -> dict:
+# --penalties: what OpenAI clients commonly send (they change the target's law; speculation stays lossless)
+PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
+
+
+def run_cell(engine, prompts, mode: str, temperature: float, new_tokens: int, seed: int, conc: int | None = None,
+             penalties: dict | None = None) -> dict:
     """Run `prompts` with at most `conc` in flight (default: all at once, one static batch). With more prompts than
     `conc`, a finished request's slot is refilled by the next prompt, and tok_s counts only the tokens emitted while
     the queue lasted (every slot busy), so the batch's tail, its last requests running alone, is left out."""
@@ -58,7 +62,7 @@ def run_cell(engine, prompts, mode: str, temperature: float, new_tokens: int, se
         i, p = queue.pop(0)
         engine.add_request(f"{mode}-{stamp}-{i}", p, SamplingParams(
             max_tokens=new_tokens, temperature=temperature, ignore_eos=True, seed=seed + i if temperature else None,
-            speculation=mode))
+            speculation=mode, **(penalties or {})))
 
     t0 = time.perf_counter()
     for _ in range(min(conc, len(queue))):
@@ -120,6 +124,7 @@ def main() -> None:
                          "to back, so that a low-concurrency cell is not one prompt's answer")
     ap.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,4,16,64; --quick 1,4)")
     ap.add_argument("--mixes", default=",".join(MIXES), help="comma-separated subset of " + ",".join(MIXES))
+    ap.add_argument("--penalties", action="store_true", help="every request carries PENALTIES")
     args = ap.parse_args()
     modes = ["off"] + [m for m in MODES if m != "off" and m in args.modes.split(",")]
     adaptive_modes = [m for m in modes if m.startswith("adaptive")]
@@ -129,12 +134,14 @@ def main() -> None:
         concs = [int(c) for c in args.concurrency.split(",")]
     mixes = {m: MIXES[m] for m in args.mixes.split(",")}
     n_new = 32 if args.quick else args.new_tokens
+    penalties = PENALTIES if args.penalties else None
 
     from draft_service.prompts import load_prompts
     from engine import EngineConfig, LLMEngine
 
     report = {"new_tokens": n_new, "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"), "modes": modes,
-              "waves": args.waves, "min_requests": args.min_requests if args.waves == 1 else None, "mixes": {}}
+              "waves": args.waves, "min_requests": args.min_requests if args.waves == 1 else None, "mixes": {},
+              "penalties": penalties}
     for mix, (split, temperature) in mixes.items():
         engine = LLMEngine(EngineConfig(drafter=args.drafter, max_num_seqs=64, max_num_batched_tokens=2048,
                                         kv_cache_memory_gb=1.0))
@@ -152,9 +159,9 @@ def main() -> None:
         def cell(mode: str, conc: int) -> dict:
             if args.waves > 1:
                 return summarize([run_cell(engine, prompts[:conc * args.waves], mode, temperature, n_new, seed=conc,
-                                           conc=conc)])
+                                           conc=conc, penalties=penalties)])
             return summarize([run_cell(engine, prompts[b * conc:(b + 1) * conc], mode, temperature, n_new,
-                                       seed=1000 * b + conc) for b in range(batches[conc])])
+                                       seed=1000 * b + conc, penalties=penalties) for b in range(batches[conc])])
         # Warm-up, not measured: a server's draft gate has long since explored the load buckets it sees (a bucket
         # drafts for its first 64 sequence-steps before it may close); here every cell is a fresh batch.
         for conc in concs:
