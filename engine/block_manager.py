@@ -16,6 +16,11 @@ from engine.sequence import Sequence
 ROOT_HASH = 0  # the parent hash of a sequence's first block
 
 
+def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    """A full block's link in the hash chain: its parent's hash and its own token ids."""
+    return hash((parent, tokens))
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False):
         self.num_blocks = num_blocks
@@ -99,7 +104,7 @@ class BlockManager:
         """Hashes of blocks first..first+count-1 of `token_ids`, chained from `start_hash` (block first-1's)."""
         out, h, bs = [], start_hash, self.block_size
         for i in range(first, first + count):
-            h = hash((h, tuple(token_ids[i * bs:(i + 1) * bs])))
+            h = block_hash(h, tuple(token_ids[i * bs:(i + 1) * bs]))
             out.append(h)
         return out
 
@@ -111,7 +116,7 @@ class BlockManager:
         bs, hits, h = self.block_size, [], ROOT_HASH
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = hash((h, tokens))
+            h = block_hash(h, tokens)
             block = self.cached.get(h)
             if block is None or self.block_tokens[block] != tokens:
                 break
