@@ -25,6 +25,7 @@ import torch
 
 from engine.attention import KVCache, build_metadata
 from engine.ops import Ops
+from engine.penalties import DraftPenalties
 
 from .model import DraftProposal, DSparkDrafter
 
@@ -43,6 +44,7 @@ class DraftRequest:
     # Copy hints: prompt lookup's proposal for the tokens at anchor_pos + 1, ... (None or []: none). Read only by a
     # drafter with config.copy_hint_ngram (DSparkDrafter.block_input_ids).
     hint: Sequence[int] | None = None
+    penalties: DraftPenalties | None = None  # the request's penalties, applied to the block's logits (decode)
 
 
 @dataclass
@@ -172,7 +174,8 @@ class DraftContextPool:
     def propose(self, batch: Sequence[DraftRequest | tuple], probs_format: str = "full") -> DraftProposal:
         """Draft gamma tokens for every request in one backbone pass + one batched Markov loop.
 
-        Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator[, hint]]]).
+        Items are DraftRequest or tuples (handle, anchor_token, anchor_pos[, temperature[, generator[, hint[,
+        penalties]]]]).
         probs_format: "full" | "compact" | "none", see DraftProposal.
         """
         reqs = [r if isinstance(r, DraftRequest) else DraftRequest(*r) for r in batch]
@@ -232,7 +235,8 @@ class DraftContextPool:
             for i, r in enumerate(reqs):
                 if r.temperature > 1e-5 and r.generator is not None:
                     uniforms[i] = torch.rand(G, dtype=pdt, device=r.generator.device, generator=r.generator).to(dev)
-        return self.model.decode(h, anchor_ids, temperature, uniforms, probs_format=probs_format)
+        penalties = [r.penalties for r in reqs] if any(r.penalties is not None for r in reqs) else None
+        return self.model.decode(h, anchor_ids, temperature, uniforms, probs_format=probs_format, penalties=penalties)
 
     def _get(self, handle: int) -> _Context:
         try:

@@ -22,6 +22,7 @@ from torch import nn
 from engine.attention import paged_attention
 from engine.model import Linear, layer_call_args
 from engine.ops import Ops, lowrank_chunks
+from engine.penalties import DraftPenalties, apply_penalties
 
 from . import checkpoint
 from .config import DSparkConfig
@@ -205,6 +206,7 @@ class DSparkDrafter(nn.Module):
         # (CPU kernels, W2^T packed by lowrank_chunks) for the Markov bias at small batch (add_lowrank_ per position,
         # or the whole greedy loop in one markov_greedy call), set by optimize_for_inference
         self._lowrank = None
+        self._draft_columns = None  # (draft_vocab's identity, target id -> draft index or -1), for penalties
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
         self._confidence = None  # (w_h, per-token W1 term, bias) of the folded confidence head, likewise
         # rows -> decoder_layers' arguments (engine.model.layer_call_args), or None where a linear runs F.linear; None
@@ -366,18 +368,36 @@ class DSparkDrafter(nn.Module):
         return self.norm(x).view(B, G, -1)
 
     @torch.no_grad()
-    def decode(self, h, anchor_ids, temperature=None, uniforms=None, probs_format: str = "full") -> DraftProposal:
+    def _penalise(self, rows: torch.Tensor, p: DraftPenalties) -> None:
+        """Apply `p` in place to `rows` [G, V_draft], as the engine applies it to the target's rows (a token outside
+        the draft vocabulary is never drafted, so its penalty does not matter)."""
+        if self.draft_vocab is None:
+            apply_penalties(rows, p, p.prompt, p.output)
+            return
+        key = (self.draft_vocab.data_ptr(), self.draft_vocab._version)  # rebuilt when the buffer is loaded anew
+        if self._draft_columns is None or self._draft_columns[0] != key:
+            columns = torch.full((self.config.vocab_size,), -1, dtype=torch.long)
+            columns[self.draft_vocab.cpu()] = torch.arange(len(self.draft_vocab))
+            self._draft_columns = (key, columns)
+        apply_penalties(rows, p, p.prompt, p.output, columns=self._draft_columns[1])
+
+    def decode(self, h, anchor_ids, temperature=None, uniforms=None, probs_format: str = "full",
+               penalties: list[DraftPenalties | None] | None = None) -> DraftProposal:
         """Left-to-right Markov decoding over the block hidden states h [B,G,d].
 
         temperature [B] (0 = greedy) and uniforms [B,G] in [0,1) drive sampling; both None = all greedy.
         p_d[k] = softmax((U_k + B_k) / T) for sampled rows and softmax(U_k + B_k) for greedy rows,
         where greedy rows take argmax (so argmax p_d == draft token).
+        penalties [B] (or None): a row's request penalties, applied to its U (engine/penalties.py).
         """
         B, G, _ = h.shape
         pdt = self.prob_dtype
         # Base logits U for all positions in one lm_head pass, laid out [G, B, V] so that each position's rows are
         # contiguous for the loop below (which adds B_k in place and takes the row argmax).
         by_pos = self.lm_head(h.transpose(0, 1)).to(pdt)
+        for b, p in enumerate(penalties or ()):
+            if p is not None:
+                self._penalise(by_pos[:, b], p)
         logits = by_pos.transpose(0, 1)  # [B, G, V] view
         V = logits.shape[-1]
         sampling = temperature is not None and uniforms is not None

@@ -86,7 +86,7 @@ class DraftService:
                 if gen is None and w.seed is not None:
                     gen = self.generators[w.key] = torch.Generator(self.drafter.device).manual_seed(w.seed)
             requests.append(DraftRequest(self.handles[w.key], w.anchor_token, w.anchor_pos, w.temperature, gen,
-                                         w.hint))
+                                         w.hint, w.penalties))
         prop = self.pool.propose(requests, probs_format="compact" if sampled else "none")
         conf = prop.confidence if prop.confidence is not None else torch.ones(prop.tokens.shape)
         return DraftStep(

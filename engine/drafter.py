@@ -20,6 +20,8 @@ from typing import Protocol
 
 import torch
 
+from engine.penalties import DraftPenalties
+
 ENTRY_POINT_GROUP = "dspark.drafters"
 DEFAULT_IMPLEMENTATION = "dspark"
 
@@ -41,6 +43,8 @@ class DraftWork:
     # Copy hints, for a drafter that asks for them (Drafter.copy_hint_ngram): prompt lookup's proposal for the tokens
     # at anchor_pos + 1, ... from the sequence so far ([] or None where no n-gram matches).
     hint: list[int] | None = None
+    # The request's penalties (engine/penalties.py), for the drafter to apply to its own logits; None: it has none.
+    penalties: DraftPenalties | None = None
 
 
 @dataclass

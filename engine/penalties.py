@@ -5,6 +5,11 @@ verifies: a plain row sees the sequence's tokens so far, and row j of a verify s
 first j drafts, which are exactly the tokens that precede that row's position if those drafts are accepted (and a
 row after a rejected draft is never used). Verification then preserves the penalised law like any other.
 
+A drafter that proposes for the unpenalised model proposes exactly what the penalties push down (repeats, above
+all), so the engine also hands each drafted sequence's penalties to the drafter (`DraftPenalties`), which applies them
+to its own logits before it picks or samples its block. Any proposal keeps verification lossless; this one is simply
+closer to the law it is verified against.
+
 For a row whose output so far holds token t c_t times:
     logits[t] += logit_bias[t]
     repetition r (prompt and output tokens): logits[t] = logits[t] / r if logits[t] > 0 else logits[t] * r
@@ -12,6 +17,9 @@ For a row whose output so far holds token t c_t times:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -22,28 +30,69 @@ def has_penalties(params: SamplingParams) -> bool:
         or params.presence_penalty != 0.0
 
 
+@dataclass
+class DraftPenalties:
+    """A sequence's penalties as a drafter applies them to its block: over the tokens so far (the block's own drafts
+    are not counted). Field names are SamplingParams', so `apply_penalties(rows, p, p.prompt, p.output)` applies them."""
+
+    output: list[int]
+    prompt: list[int]  # empty unless a repetition penalty reads it
+    logit_bias: dict[int, float] | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    @classmethod
+    def of(cls, params: SamplingParams, prompt: list[int], output: list[int]) -> DraftPenalties | None:
+        if not has_penalties(params):
+            return None
+        return cls(list(output), list(prompt) if params.repetition_penalty != 1.0 else [], params.logit_bias,
+                   params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
+
+
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int],
-                    drafts: list[int] = ()) -> None:
-    """Penalise `logits` [n, V] in place: row j follows `prompt`, `output` and drafts[:j]."""
-    n, vocab = logits.shape
+                    drafts: list[int] = (), columns: torch.Tensor | None = None) -> None:
+    """Penalise `logits` [n, V] in place: row j follows `prompt`, `output` and drafts[:j] (all of `drafts` where it
+    holds fewer). `columns` [vocab]: token id -> its column of `logits`, -1 for none (a drafter's draft vocabulary);
+    None: column = token id. Only the columns of tokens the penalties touch are read and written."""
+    n = logits.shape[0]
     device = logits.device
+
+    def to_columns(ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """The entries of `ids` that have a column, and those columns."""
+        if columns is None:
+            return np.arange(len(ids)), torch.from_numpy(ids).to(device)
+        cols = columns[torch.from_numpy(ids)].numpy() if columns.device.type == "cpu" else \
+            columns[torch.from_numpy(ids).to(columns.device)].cpu().numpy()
+        keep = np.flatnonzero(cols >= 0)
+        return keep, torch.from_numpy(cols[keep]).to(device)
+
     if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
-        bias = torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=device)
-        logits[:, ids] += bias
-    extra = torch.tensor(list(drafts)[: n - 1], dtype=torch.long, device=device)
-    # Output counts per row: those of the output so far, plus the drafts before the row.
-    counts = torch.bincount(torch.tensor(output, dtype=torch.long, device=device), minlength=vocab)[:vocab]
-    counts = counts.expand(n, vocab).clone()
-    for j in range(1, n):
-        counts[j:, extra[j - 1]] += 1
-    if params.repetition_penalty != 1.0:
-        seen = counts > 0
-        if prompt:
-            seen[:, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        keep, cols = to_columns(np.fromiter(params.logit_bias, dtype=np.int64, count=len(params.logit_bias)))
+        bias = np.fromiter(params.logit_bias.values(), dtype=np.float64, count=len(params.logit_bias))[keep]
+        logits[:, cols] += torch.from_numpy(bias).to(device=device, dtype=logits.dtype)
+    drafts = list(drafts)[: n - 1]
+    repetition = params.repetition_penalty != 1.0
+    tokens = np.asarray(list(output) + drafts + (list(prompt) if repetition else []), dtype=np.int64)
+    if not len(tokens):
+        return
+    touched, which = np.unique(tokens, return_inverse=True)
+    n_out, n_drafts = len(output), len(drafts)
+    # Output counts per row over the touched tokens: the output's, plus the drafts before the row.
+    counts = np.zeros((n, len(touched)))
+    counts[:] = np.bincount(which[:n_out], minlength=len(touched))
+    for j in range(n_drafts):
+        counts[j + 1:, which[n_out + j]] += 1
+    keep, cols = to_columns(touched)
+    if not len(keep):
+        return
+    counts = torch.from_numpy(counts[:, keep]).to(device=device, dtype=logits.dtype)
+    sub = logits[:, cols]
+    if repetition:
+        in_prompt = np.zeros(len(touched), dtype=bool)
+        in_prompt[which[n_out + n_drafts:]] = True
+        seen = (counts > 0) | torch.from_numpy(in_prompt[keep]).to(device)
         r = params.repetition_penalty
-        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
-    if params.frequency_penalty != 0.0:
-        logits -= params.frequency_penalty * counts.to(logits.dtype)
-    if params.presence_penalty != 0.0:
-        logits -= params.presence_penalty * (counts > 0).to(logits.dtype)
+        sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+    sub = sub - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
+    logits[:, cols] = sub

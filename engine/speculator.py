@@ -14,7 +14,8 @@ that kind delivered, the other kind's tokens and time taken out.
 
 A drafter that reads copy hints (`Drafter.copy_hint_ngram`) gets, with each block to propose, what prompt lookup
 by its n-gram sizes proposes after the anchor. A hint depends only on the sequence's own tokens, so the drafter's
-p_d is still a proposal fixed before verification, and verification stays lossless.
+p_d is still a proposal fixed before verification, and verification stays lossless. So are a request's penalties,
+which the drafter applies to its own logits (engine/penalties.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from engine.draft_gate import DraftGate
 from engine.drafter import ContextSync, Drafter, DraftStep, DraftWork
 from engine.load import StepLoad
 from engine.ngram import NgramIndex
+from engine.penalties import DraftPenalties
 from engine.rejection_sampler import verify_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
@@ -298,8 +300,9 @@ class Speculator:
             if self.hint_ngram is not None:  # what lookup proposes after the anchor (the last of token_ids)
                 hint = self._ngram_index(seq, self.hint_ngram).propose(seq.token_ids, self.gamma - 1)[0] or None
                 self.counters.hinted_drafts += hint is not None
+            penalties = DraftPenalties.of(seq.params, seq.prompt_token_ids, seq.output_token_ids)
             work.append(DraftWork(seq.request_id, seq.token_ids[-1], computed, seq.params.temperature,
-                                  seq.params.seed, hint))
+                                  seq.params.seed, hint, penalties))
         t0 = time.perf_counter()
         try:
             step = self.service.step(syncs, work)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from draft_service import ContextPoolFull, DraftContextPool, DraftRequest, DSparkConfig, DSparkDrafter
+from engine.penalties import DraftPenalties
 
 F64 = torch.float64
 
@@ -75,9 +76,10 @@ def ref_rope(x, pos, theta):
 
 
 def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced=None, draft_vocab=None,
-              block_tokens=None):
+              block_tokens=None, penalties=None):
     """Returns tokens [G], p_d [G, V], confidence [G]. `forced` teacher-forces the chosen tokens; `block_tokens` [G]
-    are the block's input tokens (default: the anchor, then mask tokens)."""
+    are the block's input tokens (default: the anchor, then mask tokens); `penalties` (DraftPenalties) penalise the
+    base logits of every position, as `ref_penalised` says."""
     eps, H, Hkv, hd, G = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.block_size
 
     def lin(x, name):
@@ -110,6 +112,11 @@ def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced
         x = x + lin(F.silu(lin(hn, p + "mlp.gate_proj")) * lin(hn, p + "mlp.up_proj"), p + "mlp.down_proj")
     h = ref_rms(x, W["norm.weight"], eps)
     U = h @ W["lm_head.weight"].T
+    if penalties is not None:
+        full = torch.full((G, cfg.vocab_size), float("-inf"), dtype=U.dtype)
+        cols = torch.arange(U.shape[1]) if draft_vocab is None else draft_vocab
+        full[:, cols] = U
+        U = torch.stack([ref_penalised(row, penalties) for row in full])[:, cols]
     r = cfg.markov_rank
     toks, probs, confs, prev, state = [], [], [], anchor, torch.zeros(r, dtype=h.dtype)
     for k in range(G):
@@ -141,6 +148,20 @@ def ref_draft(W, cfg, taps, ctx_pos, anchor, anchor_pos, temperature=0.0, forced
         prev = j
     conf = torch.stack(confs) if confs else None
     return torch.tensor(toks), torch.stack(probs), conf
+
+
+def ref_penalised(logits, p):
+    """The penalties token by token, as the OpenAI API and vLLM define them: logit bias, then the repetition penalty
+    on every prompt and output token, then the frequency and presence penalties on the output's."""
+    out = logits.clone()
+    for token, bias in (p.logit_bias or {}).items():
+        out[token] += bias
+    r = p.repetition_penalty
+    for token in set(p.prompt) | set(p.output):
+        out[token] = out[token] / r if out[token] > 0 else out[token] * r
+    for token in set(p.output):
+        out[token] -= p.frequency_penalty * p.output.count(token) + p.presence_penalty
+    return out
 
 
 def rand_taps(cfg, n, seed, dtype=F64):
@@ -325,6 +346,51 @@ def test_greedy_is_argmax_and_sampling_is_reproducible():
     # greedy and sampled rows mix in one batch without affecting each other
     mixed = pool.propose([(h, 9, 12), DraftRequest(h, 9, 12, 0.8, torch.Generator().manual_seed(123))])
     assert torch.equal(mixed.tokens[0], greedy.tokens[0]) and torch.equal(mixed.tokens[1], s1.tokens[0])
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True], ids=["full-vocab", "draft-vocab"])
+def test_penalties_shape_the_block_as_they_shape_the_target(draft_vocab):
+    """A request's penalties (engine/penalties.py) apply to the drafter's base logits at every block position, the
+    block's own drafts not counted: greedy drafts and sampled p_d equal the reference's with the same penalties, a
+    penalised request beside an unpenalised one in the same batch leaves that one as it was, and the penalties do
+    change the drafts (the drafter's first proposals are the output they penalise)."""
+    cfg = make_cfg()
+    full = make_model(cfg)
+    W, sub = weights(full), None
+    if draft_vocab:
+        sub = torch.tensor(sorted(torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(1))[:30]
+                                  .tolist()))
+        cfg = make_cfg(draft_vocab_size=len(sub))
+        W["lm_head.weight"] = W["lm_head.weight"][sub]
+        W["markov_head.markov_w2.weight"] = W["markov_head.markov_w2.weight"][sub]
+        W["draft_vocab"] = sub
+    model = DSparkDrafter(cfg, draft_vocab=sub).to(F64).eval()
+    model.load_state_dict(W)
+    taps = rand_taps(cfg, 12, seed=5)
+    pool = DraftContextPool(model, max_tokens=128)
+    h = pool.create_context()
+    pool.append(h, taps, torch.arange(12))
+    plain = pool.propose([(h, 9, 12)])
+    seen = plain.tokens[0].tolist()
+    kinds = [DraftPenalties(output=seen, prompt=[], frequency_penalty=1.5, presence_penalty=2.0),
+             DraftPenalties(output=seen[:2], prompt=[3, 9, 17], repetition_penalty=1.7),
+             DraftPenalties(output=[], prompt=[], logit_bias={int(seen[0]): -30.0, int(seen[-1]): 4.0}),
+             DraftPenalties(output=seen + seen[:1], prompt=[9], logit_bias={int(seen[1]): 2.0}, repetition_penalty=0.6,
+                            frequency_penalty=-0.5, presence_penalty=0.7)]
+    changed = 0
+    for p in kinds:
+        got = pool.propose([DraftRequest(h, 9, 12, penalties=p), (h, 9, 12)])
+        toks, probs, conf = ref_draft(W, cfg, taps, torch.arange(12), 9, 12, draft_vocab=sub, penalties=p)
+        assert torch.equal(got.tokens[0], toks)
+        torch.testing.assert_close(got.probs[0], probs, rtol=0, atol=1e-12)
+        torch.testing.assert_close(got.confidence[0], conf, rtol=0, atol=1e-12)
+        assert torch.equal(got.tokens[1], plain.tokens[0])
+        changed += not torch.equal(toks, plain.tokens[0])
+        sampled = pool.propose([DraftRequest(h, 9, 12, 0.8, torch.Generator().manual_seed(4), penalties=p)])
+        _, probs, _ = ref_draft(W, cfg, taps, torch.arange(12), 9, 12, temperature=0.8, forced=sampled.tokens[0],
+                                draft_vocab=sub, penalties=p)
+        torch.testing.assert_close(sampled.probs[0], probs, rtol=0, atol=1e-12)
+    assert changed >= 3
 
 
 def test_sampling_frequencies_follow_p_d():
@@ -516,7 +582,7 @@ def test_inference_optimized_drafter_drafts_the_same(dtype):
     """optimize_for_inference (prepacked and fused linears, fused RMSNorm, silu and argmax, the low-rank Markov kernel
     at small batch, the folded confidence head) changes the arithmetic, not the result: the same drafts and, to
     rounding, the same p_d and confidences, one sequence at a time and in batches of 3 and of 12 (past the
-    low-rank kernel's batch limit)."""
+    low-rank kernel's batch limit); every third request with penalties."""
     cfg = make_cfg()
     plain, fast = make_model(cfg, dtype=dtype), make_model(cfg, dtype=dtype).optimize_for_inference()
     out = {}
@@ -526,7 +592,9 @@ def test_inference_optimized_drafter_drafts_the_same(dtype):
         for i, n in enumerate([30, 3, 17, 5, 9, 12, 1, 40, 22, 8, 2, 15]):
             h = pool.create_context()
             pool.append(h, rand_taps(cfg, n, seed=10 + i, dtype=dtype), torch.arange(n))
-            reqs.append(DraftRequest(h, anchor_token=(7 * i) % 60, anchor_pos=n))
+            penalties = DraftPenalties(output=[i, 2 * i], prompt=[5], repetition_penalty=1.3, frequency_penalty=0.4,
+                                       presence_penalty=0.3) if i % 3 == 0 else None
+            reqs.append(DraftRequest(h, anchor_token=(7 * i) % 60, anchor_pos=n, penalties=penalties))
         out[name] = [pool.propose([r]) for r in reqs] + [pool.propose(reqs[:3]), pool.propose(reqs)]
     if dtype == torch.bfloat16:  # bf16 rounding differs between the paths, so near-ties may flip a draft
         same = sum(int((a.tokens == b.tokens).sum()) for a, b in zip(out["plain"], out["fast"]))

@@ -346,14 +346,17 @@ PENALTIES = dict(presence_penalty=2.0, frequency_penalty=1.0, repetition_penalty
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,hints,penalties", [("fixed:3", False, False), ("fixed:3+lookup", False, False),
-                                                  ("fixed:3", True, False), ("fixed:3+lookup", False, True)],
-                         ids=["fixed:3", "fixed:3+lookup", "fixed:3-hints", "fixed:3+lookup-penalties"])
+                                                  ("fixed:3", True, False), ("fixed:3", False, True),
+                                                  ("fixed:3+lookup", False, True)],
+                         ids=["fixed:3", "fixed:3+lookup", "fixed:3-hints", "fixed:3-penalties",
+                              "fixed:3+lookup-penalties"])
 def test_speculative_sampling_has_the_target_distribution(tiny_vocab_pair, tmp_path, monkeypatch, mode, hints,
                                                           penalties):
     """The drafter's blocks, or, with +lookup, blocks copied from a prompt that holds every 2-gram of the vocabulary
     (so lookup matches at every step, and copies by a one-hot p_d), or the blocks of a drafter that reads copy
     hints (its p_d a function of the hint), from that prompt (so every block has a hint). With penalties the law is
-    the penalised one (each verify row penalised by the drafts before it), which no proposer knows of."""
+    the penalised one (each verify row penalised by the drafts before it): the drafter samples its blocks from its
+    own logits penalised by the output so far (not by the block's earlier drafts), and lookup copies regardless."""
     params = dataclasses.replace(PARAMS, **PENALTIES) if penalties else PARAMS
     target_dir, drafter_dir = tiny_vocab_pair
     if hints:
@@ -494,6 +497,25 @@ def test_greedy_speculation_with_penalties_equals_the_penalised_reference_float6
     assert c.accepted_tokens > 0 and c.draft_tokens > c.accepted_tokens, c  # accepting and rejecting both ran
     unpenalised = [o.token_ids for o in run(plain, prompts, SamplingParams(max_tokens=20, ignore_eos=True))]
     assert unpenalised[-1] == want[-1] and sum(u != w for u, w in zip(unpenalised, want)) >= 4  # they do change paths
+
+
+def test_the_drafter_drafts_under_the_requests_penalties(trained_pair):
+    """The engine hands each request's penalties to the drafter, which applies them to its own logits: with a logit
+    bias that makes the target emit one token only, every draft is that token and every one is accepted; without the
+    bias the drafter proposes other tokens."""
+    target_dir, drafter_dir = trained_pair
+    spec = LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", device="cpu", kv_cache_memory_gb=0.05,
+                                  drafter=str(drafter_dir), speculation="fixed:5"))
+    vocab = spec.speculator.service.drafter.draft_vocab
+    token = int(vocab[len(vocab) // 2]) if vocab is not None else 1000
+    prompts = random_prompts(3, seed=8)
+    biased = SamplingParams(max_tokens=24, ignore_eos=True, logit_bias={token: 100.0})
+    assert all(o.token_ids == [token] * 24 for o in run(spec, prompts, biased))
+    c = spec.speculator.counters
+    assert c.draft_tokens >= 3 * 15 and c.accepted_tokens == c.draft_tokens, c
+    drafted, accepted = c.draft_tokens, c.accepted_tokens
+    run(spec, prompts, SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.5))
+    assert c.accepted_tokens - accepted < c.draft_tokens - drafted  # an unbiased drafter is not always right
 
 
 def test_penalties_are_validated():
