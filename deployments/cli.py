@@ -87,9 +87,42 @@ def single_machine_sizing(replicas: int, torch_threads: int | None = None) -> di
     cores (all of them for one replica), and the draft actor, whose work alternates with its engine's, shares them
     with the same number of threads instead of reserving a core that idles while the engine computes."""
     threads = torch_threads or max(1, len(os.sched_getaffinity(0)) // replicas)
-    llm = LLMServingConfig.model_fields["llm"].get_default(call_default_factory=True)  # the config's other options
-    return {"torch_threads": threads, "llm": {**llm.model_dump(), "ray_actor_options": {"num_cpus": threads}},
+    return {"torch_threads": threads, "llm": {"ray_actor_options": {"num_cpus": threads}},
             "draft_actor": {"num_cpus": 0, "num_threads": threads}}
+
+
+def gpu_sizing(num_gpus: float, drafter_mode: str) -> dict:
+    """Serving config fields for `--num-gpus` GPUs per replica: with a draft actor, the replica and its actor take
+    half each, so both land on the same GPU (one placement bundle holds the replica's share and the actor's)."""
+    if not num_gpus:
+        return {}
+    share = num_gpus / 2 if drafter_mode == "actor" else num_gpus
+    return {"llm": {"ray_actor_options": {"num_gpus": share}},
+            **({"draft_actor": {"num_gpus": share}} if drafter_mode == "actor" else {})}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`base` with `extra`'s keys set, nested dicts merged."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def serving_config(args: argparse.Namespace) -> LLMServingConfig:
+    """The serving config `dspark serve` deploys: the engine flags, and each replica's resources (sized to this
+    machine without --address; from the config's defaults on a cluster), plus --num-gpus."""
+    engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                          drafter=None if args.drafter in (None, "none") else args.drafter,
+                          speculation=args.speculation, enable_prefix_caching=args.enable_prefix_caching,
+                          **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
+    drafter_mode = "none" if engine.drafter is None else args.drafter_mode
+    defaults = {name: LLMServingConfig.model_fields[name].get_default(call_default_factory=True).model_dump()
+                for name in ("llm", "draft_actor")}
+    sizing = merge(defaults, {} if args.address else single_machine_sizing(args.replicas, args.torch_threads))
+    sizing = merge(sizing, gpu_sizing(args.num_gpus, drafter_mode))
+    return LLMServingConfig(engine=engine, num_replicas=args.replicas, drafter_mode=drafter_mode,
+                            served_model_name=args.served_model_name, ingress_mode=args.ingress_mode, **sizing)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -101,14 +134,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deployments.launch import run_app  # imports Ray Serve: here, after the line above
 
     resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
-    engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                          drafter=None if args.drafter in (None, "none") else args.drafter,
-                          speculation=args.speculation, enable_prefix_caching=args.enable_prefix_caching,
-                          **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
-    config = LLMServingConfig(engine=engine, num_replicas=args.replicas,
-                              drafter_mode="none" if engine.drafter is None else args.drafter_mode,
-                              served_model_name=args.served_model_name, ingress_mode=args.ingress_mode,
-                              **({} if args.address else single_machine_sizing(args.replicas, args.torch_threads)))
+    config = serving_config(args)
+    if args.num_gpus and not args.address:
+        import torch
+
+        if torch.cuda.device_count() < args.num_gpus * args.replicas:
+            print(f"dspark serve: --num-gpus {args.num_gpus} x {args.replicas} replica(s) needs that many GPUs; this "
+                  f"machine has {torch.cuda.device_count()} that torch can use", file=sys.stderr)
+            return 2
 
     def stop(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -149,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="DSpark speculative decoding engine and server")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="engine (and draft actor) threads per replica on a single machine (default: the cores "
                           "this process may use, shared among the replicas); with --address the Serve config's "
                           "num_cpus decides")
+    srv.add_argument("--num-gpus", type=float, default=0,
+                     help="GPUs per replica, shared by its engine and its draft actor (half each, in one placement "
+                          "bundle); 0: CPU. With --device auto the engine then runs on that GPU")
     srv.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     srv.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the local Ray (default: all)")
     srv.add_argument("--max-num-seqs", type=int, default=None)
@@ -226,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--served-model-name", default=None, help="the `model` clients send")
     srv.add_argument("--app-name", default="dspark")
     srv.set_defaults(func=cmd_serve)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

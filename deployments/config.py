@@ -83,6 +83,9 @@ class DeploymentOptions(BaseModel):
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
     graceful_shutdown_timeout_s: float | None = None
+    max_constructor_retry_count: int | None = Field(
+        None, ge=1, description="Serve's: how often a replica that fails to start is retried before the deployment "
+                                "is failed (Serve's default 20)")
     autoscaling_config: dict | None = Field(
         None, description="Serve's autoscaling_config (then num_replicas is not passed). With the dspark policy "
                           "(policy.policy_function autoscale.policy:DSparkPolicy) Serve's upscale/downscale delays "

@@ -86,7 +86,13 @@ def run_app(config, port: int, name: str | None = None, route_prefix: str = "/",
     from deployments.app import build_app
 
     app = App(name or f"dspark-{uuid.uuid4().hex[:8]}", route_prefix, port, config, host)
-    serve.run(build_app(config), name=app.name, route_prefix=route_prefix)
+    try:
+        serve.run(build_app(config), name=app.name, route_prefix=route_prefix)
+    except RuntimeError as exc:  # Serve's says only which deployments failed; their status says why
+        status = serve.status().applications.get(app.name)
+        reasons = [f"{name}: {d.message}" for name, d in (status.deployments.items() if status else ())
+                   if d.message]
+        raise RuntimeError("; ".join([str(exc)] + reasons)) from exc
     deadline, listed = time.monotonic() + timeout_s, 0
     while listed < 4:  # listed, then on three more connections: a second server would take some of them
         # A new connection each time, so that the kernel spreads them over every listener on the port.

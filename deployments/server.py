@@ -67,9 +67,33 @@ def _delta(out: RequestOutput) -> dict:
     return d
 
 
+def gpu_claim_error(gpu_ids: list, device: str, cuda_available: bool) -> str | None:
+    """Why a replica holding `gpu_ids` (ray.get_gpu_ids()) cannot run its engine on `device` ('auto', 'cpu',
+    'cuda[:n]'), or None. A replica given a GPU it cannot use would otherwise run on CPU unnoticed (auto) or fail
+    deep in the engine, restart and fail again (cuda). An explicit 'cpu' is the operator's choice (and what tests
+    with logical GPUs use)."""
+    if device == "cpu":
+        return None
+    if gpu_ids and not cuda_available:
+        return (f"this replica holds GPU {', '.join(map(str, gpu_ids))} but CUDA is not available in its process "
+                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}): install a CUDA build "
+                f"of torch on this node, or give the replica no GPU (llm.ray_actor_options.num_gpus: 0) or "
+                f"engine.device: cpu")
+    if not gpu_ids and device != "auto" and not cuda_available:
+        return (f"engine.device is {device!r} but this replica holds no GPU, and Ray hides every GPU from a replica "
+                f"that holds none: give it one (llm.ray_actor_options.num_gpus, or `dspark serve --num-gpus`)")
+    return None
+
+
 class LLMServer:
     def __init__(self, config: LLMServingConfig, metrics_hub=None):
         """`metrics_hub`: a handle to the app's MetricsHub deployment (None: no pushing; see deployments/metrics.py)."""
+        gpu_ids = ray.get_gpu_ids()
+        error = gpu_claim_error(gpu_ids, str(config.engine.device), torch.cuda.is_available())
+        if error:
+            raise RuntimeError(error)  # before anything starts: Serve reports it as the deployment's failure
+        if gpu_ids and str(config.engine.device) == "cpu":
+            log.warning("this replica holds GPU %s but engine.device is cpu: the GPU stays idle", gpu_ids)
         self.config = config
         self.pusher = None
         threads = config.torch_threads or _assigned_cpus()

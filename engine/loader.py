@@ -123,13 +123,14 @@ _DTYPES = {
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """'auto': bf16 on CUDA (fp16 where bf16 is unsupported); bf16 on CPUs with native bf16 (AVX512-BF16/AMX),
-    where bench/engine_throughput.py measures it faster than fp32 once more than one sequence is batched."""
+    """'auto': bf16 on GPUs that compute it natively (compute capability 8+), fp16 on older ones; bf16 on CPUs with
+    native bf16 (AVX512-BF16/AMX), where bench/engine_throughput.py measures it faster than fp32 once more than one
+    sequence is batched."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.bfloat16 if cpu_has_bf16() else torch.float32
     try:
         return _DTYPES[str(dtype).lower()]

@@ -73,3 +73,23 @@ def test_ray_starts_from_the_venv_without_auth_and_exports_metrics(config):
         assert "--metrics-export-port=8080" in cmds
     assert "--head" in head and "--dashboard-host=0.0.0.0" in head and "--autoscaling-config" in head
     assert "--address=$RAY_HEAD_IP:6379" in workers
+
+
+def test_images_can_install_the_pinned_torch_and_ray(config):
+    """Every node type names its image (Ray's default AMI, Ubuntu 18.04 with glibc 2.27 and CUDA 11, cannot install
+    torch 2.13's manylinux_2_28 wheels), by an SSM public parameter EC2 resolves at launch: Ubuntu 22.04 or later,
+    and on GPU workers AWS's image with the NVIDIA driver. Ray is pinned exactly, so every node runs the head's."""
+    import re
+
+    import ray
+
+    types = config["available_node_types"]
+    for name, node in types.items():
+        image = node["node_config"]["ImageId"]
+        assert image.startswith("resolve:ssm:/aws/service/"), (name, image)
+        assert int(re.search(r"ubuntu[-/](?:server/)?(\d\d)\.04", image).group(1)) >= 22, (name, image)
+        if node["resources"].get("GPU", 0):
+            assert "nvidia-driver-gpu" in image, (name, image)
+    assert f'"ray[serve]=={ray.__version__}"' in (ROOT / "pyproject.toml").read_text()
+    assert (ROOT / "configs" / "serve_gpu.yaml").exists() and "serve_gpu.yaml" in " ".join(
+        line for line in (ROOT / "cluster.yaml").read_text().splitlines() if line.startswith("#"))

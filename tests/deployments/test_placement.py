@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,48 @@ def test_replicas_and_draft_actors_share_node_and_gpu(cluster, tmp_path_factory,
                    json={"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+
+    serve.delete(app.name)  # frees the four GPUs for the tests below
+
+
+def test_a_replica_holding_a_gpu_it_cannot_use_says_so(cluster):
+    """In an actor holding a (logical) GPU, the check a replica runs first: with device auto or cuda on a node whose
+    torch sees no CUDA it names the GPU and the way out; an explicit cpu is let through."""
+    import torch
+
+    from deployments.server import gpu_claim_error
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def check(device: str):
+        return ray.get_gpu_ids(), gpu_claim_error(ray.get_gpu_ids(), device, torch.cuda.is_available())
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the logical GPU may be a real one")
+    for device in ("auto", "cuda"):
+        gpu_ids, error = ray.get(check.remote(device))
+        assert len(gpu_ids) == 1 and f"holds GPU {gpu_ids[0]}" in error and "CUDA is not available" in error
+    assert ray.get(check.remote("cpu"))[1] is None
+    assert "holds no GPU" in ray.get(ray.remote(num_cpus=0)(
+        lambda: gpu_claim_error(ray.get_gpu_ids(), "cuda", torch.cuda.is_available())).remote())
+
+
+def test_serve_fails_the_deployment_with_that_reason(cluster, tmp_path_factory, default_tokenizer):
+    """configs/serve_gpu.yaml's resources on nodes whose torch has no CUDA: the replica stops in its constructor
+    and Serve fails the deployment with the reason, instead of running the engine on CPU or restarting forever."""
+    import torch
+    import yaml
+    from ray import serve
+
+    from deployments.config import DeploymentOptions
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "serve_gpu.yaml").read_text())
+    gpu = LLMServingConfig.model_validate(raw["applications"][0]["args"])
+    target = make_tiny_model("llama", tmp_path_factory.mktemp("gpu-claim") / "target", default_tokenizer)
+    config = LLMServingConfig(
+        engine=gpu.engine.model_copy(update={"model": str(target), "drafter": None, "device": "auto"}),
+        drafter_mode="none", served_model_name="tiny", ingress_mode="in_replica",
+        llm=DeploymentOptions(ray_actor_options={"num_cpus": 1, "num_gpus": 1}, max_constructor_retry_count=1))
+    with pytest.raises(Exception, match="CUDA is not available"):
+        run_app(config, free_port(), timeout_s=60)

@@ -128,18 +128,70 @@ def test_ingress_options_only_with_the_separate_ingress():
         LLMServingConfig(ingress_mode="nowhere")
 
 
+def serve_args(*flags: str):
+    from deployments.cli import build_parser
+
+    return build_parser().parse_args(["serve", *flags])
+
+
 def test_dspark_serve_gives_one_replica_every_core_and_shares_them_with_its_draft_actor(monkeypatch):
     import os
 
-    from deployments.cli import single_machine_sizing
+    from deployments.cli import serving_config
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
-    one = LLMServingConfig(**single_machine_sizing(1))
+    one = serving_config(serve_args())
     assert one.torch_threads == 8 and one.draft_actor.num_threads == 8 and one.draft_actor.num_cpus == 0
     assert one.replica_bundle() == {"CPU": 8.0}  # the actor reserves no core of its own
     assert one.llm.max_queued_requests == LLMServingConfig().llm.max_queued_requests
-    two = LLMServingConfig(num_replicas=2, **single_machine_sizing(2))
+    two = serving_config(serve_args("--replicas", "2"))
     assert two.torch_threads == 4 and two.replica_bundle() == {"CPU": 4.0}
-    assert LLMServingConfig(**single_machine_sizing(3, torch_threads=2)).torch_threads == 2
+    assert serving_config(serve_args("--replicas", "3", "--torch-threads", "2")).torch_threads == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert LLMServingConfig(num_replicas=4, **single_machine_sizing(4)).torch_threads == 1
+    assert serving_config(serve_args("--replicas", "4")).torch_threads == 1
+
+
+def test_dspark_serve_num_gpus_puts_the_replica_and_its_draft_actor_on_one_gpu(monkeypatch):
+    import os
+
+    from deployments.cli import serving_config
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    config = serving_config(serve_args("--num-gpus", "1"))
+    assert config.llm.ray_actor_options == {"num_cpus": 4, "num_gpus": 0.5} and config.draft_actor.num_gpus == 0.5
+    assert config.llm_deployment_options()["placement_group_bundles"] == [{"CPU": 4.0, "GPU": 1.0}]
+    inproc = serving_config(serve_args("--num-gpus", "1", "--drafter-mode", "in_process"))
+    assert inproc.llm.ray_actor_options["num_gpus"] == 1 and inproc.draft_actor.num_gpus == 0
+    cluster = serving_config(serve_args("--num-gpus", "2", "--address", "auto"))  # the config's CPUs, our GPUs
+    assert cluster.replica_bundle() == {"CPU": 2.0, "GPU": 2.0}
+    assert cluster.llm.max_queued_requests == LLMServingConfig().llm.max_queued_requests
+    assert serving_config(serve_args()).replica_bundle() == {"CPU": 4.0}  # no GPU unless asked
+
+
+def test_serve_gpu_yaml_claims_one_gpu_per_replica_for_it_and_its_draft_actor():
+    from ray.serve.schema import ServeDeploySchema
+
+    from deployments.app import app_builder
+
+    raw = yaml.safe_load((SERVE_YAML.parent / "serve_gpu.yaml").read_text())
+    ServeDeploySchema.model_validate(raw)
+    args = raw["applications"][0]["args"]
+    config = LLMServingConfig.model_validate(args)
+    assert config.engine.device == "cuda" and config.engine.dtype == "auto" and config.drafter_mode == "actor"
+    options = config.llm_deployment_options()
+    assert options["placement_group_bundles"] == [{"CPU": 5.0, "GPU": 1.0}]
+    assert options["autoscaling_config"]["policy"]["policy_function"] == "autoscale.policy:DSparkPolicy"
+    assert app_builder(args) is not None
+
+
+def test_gpu_claim_errors():
+    from deployments.server import gpu_claim_error
+
+    assert gpu_claim_error([], "auto", False) is None  # a CPU replica
+    assert gpu_claim_error(["0"], "auto", True) is None and gpu_claim_error(["0"], "cuda", True) is None
+    assert gpu_claim_error(["3"], "cpu", False) is None  # the operator's choice
+    for device in ("auto", "cuda", "cuda:0"):
+        assert "holds GPU 3 but CUDA is not available" in gpu_claim_error(["3"], device, False)
+    assert "holds no GPU" in gpu_claim_error([], "cuda", False)
+
+
