@@ -222,6 +222,7 @@ class LLMEngine:
             for _ in range(reps):
                 t0 = time.perf_counter()
                 self.runner.execute(scratch)
+                self._synchronize()
                 times.append(time.perf_counter() - t0)
             for s in scratch:
                 self.block_manager.free(s.seq)
@@ -240,10 +241,16 @@ class LLMEngine:
             for _ in range(reps):
                 t0 = time.perf_counter()
                 service.step([], [DraftWork(k, 1, 64) for k in keys])
+                self._synchronize()
                 times.append(time.perf_counter() - t0)
             service.release(keys)
             seconds.append(sorted(times)[len(times) // 2])
         return grid, seconds
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work (a no-op on CPU, where every op has finished when it returns)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _kv_budget_bytes(self, hf_model) -> int:
         if self.config.kv_cache_memory_gb:
@@ -394,12 +401,21 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.prepare(sched, self.block_manager, self.max_model_len, load)
         self.load.observe(load)
+        # On a GPU the forward only queues kernels: CUDA events time it, read once acceptance has synchronized.
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else None
         t_fwd = time.perf_counter()
+        if events:
+            events[0].record()
         out = self.runner.execute(sched.scheduled)
+        if events:
+            events[1].record()
         forward_seconds = time.perf_counter() - t_fwd
+        emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
+        if events:
+            events[1].synchronize()  # already done: acceptance read the forward's results
+            forward_seconds = events[0].elapsed_time(events[1]) / 1e3
         if self.speculator is not None:
             self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds, load.kv_tokens)
-        emitted = self._accept(out)  # order index -> emitted tokens, for the sequences that sample
         counted_before = self.counters.prompt_tokens + self.counters.generation_tokens
         touched = []
         for i, s in enumerate(out.order):
