@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import torch
 
 from engine.attention import KVCache, build_metadata
+from engine.device_io import to_device
 from engine.ops import Ops
 from engine.penalties import DraftPenalties
 
@@ -162,7 +163,7 @@ class DraftContextPool:
         pos = torch.cat([p.to(dev) for _, _, p in items]) if len(items) > 1 else items[0][2].to(dev)
         rows = self.model.context_kv_rows(taps)  # [n, L, 2 * n_kv * hd]
         cos, sin = self.model.rope_full(pos)
-        slot_t = _to_device(torch.tensor(slots), dev)
+        slot_t = to_device(torch.tensor(slots), dev)
         cfg = self.model.config
         for i, layer in enumerate(self.model.layers):  # k_norm + rope on K, then both into the pages
             k_norm = layer.self_attn.k_norm
@@ -211,23 +212,23 @@ class DraftContextPool:
             meta = build_metadata([(G, c.length, t) for c, t in zip(ctxs, tables)], P,
                                   self.model.config.num_attention_heads // self.model.config.num_key_value_heads,
                                   dev, fused=self.ops.fused, causal=False)
-            anchor_ids = _to_device(torch.tensor([a for _, a, _ in which]), dev)
-            anchor_pos = _to_device(torch.tensor([p for _, _, p in which]), dev)
+            anchor_ids = to_device(torch.tensor([a for _, a, _ in which]), dev)
+            anchor_pos = to_device(torch.tensor([p for _, _, p in which]), dev)
             hints = None
             if G > 1 and any(blocks.values()):  # [blocks, G - 1], -1 where a block has no hint
-                hints = _to_device(torch.tensor([hint + [-1] * (G - 1 - len(hint)) for hint in blocks.values()]), dev)
+                hints = to_device(torch.tensor([hint + [-1] * (G - 1 - len(hint)) for hint in blocks.values()]), dev)
             h = self.model.block_hidden_paged(anchor_ids, anchor_pos, meta, self.cache, self.ops, hints)
         finally:
             self._free.extend(reversed(spare))
         B = len(reqs)
         if len(which) < B:
-            rows = _to_device(torch.tensor([row_of[(r.handle, r.anchor_token, r.anchor_pos)] for r in reqs]), dev)
+            rows = to_device(torch.tensor([row_of[(r.handle, r.anchor_token, r.anchor_pos)] for r in reqs]), dev)
             h, anchor_ids = h.index_select(0, rows), anchor_ids.index_select(0, rows)
 
         temperature = uniforms = None
         if any(r.temperature > 1e-5 for r in reqs):
             pdt = self.model.prob_dtype
-            temperature = _to_device(torch.tensor([float(r.temperature) for r in reqs], dtype=pdt), dev)
+            temperature = to_device(torch.tensor([float(r.temperature) for r in reqs], dtype=pdt), dev)
             uniforms = torch.zeros(B, G, dtype=pdt, device=dev)
             shared = [i for i, r in enumerate(reqs) if r.temperature > 1e-5 and r.generator is None]
             if shared:
@@ -243,10 +244,3 @@ class DraftContextPool:
             return self._ctxs[handle]
         except KeyError:
             raise KeyError(f"unknown or released draft context handle {handle}") from None
-
-
-def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    # Host-built index tensors: pinned + non_blocking so CUDA launches don't wait on the copy.
-    if dev.type == "cuda":
-        return t.pin_memory().to(dev, non_blocking=True)
-    return t.to(dev)

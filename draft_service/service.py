@@ -15,6 +15,7 @@ import torch
 
 from draft_service.context import DraftContextPool, DraftRequest
 from draft_service.model import DSparkDrafter
+from engine import device_io
 from engine.drafter import ContextSync, DraftStep, DraftTarget, DraftWork
 
 
@@ -88,9 +89,12 @@ class DraftService:
             requests.append(DraftRequest(self.handles[w.key], w.anchor_token, w.anchor_pos, w.temperature, gen,
                                          w.hint, w.penalties))
         prop = self.pool.propose(requests, probs_format="compact" if sampled else "none")
-        conf = prop.confidence if prop.confidence is not None else torch.ones(prop.tokens.shape)
+        conf = prop.confidence
+        if conf is None:
+            conf = torch.ones(prop.tokens.shape, device=prop.tokens.device)
+        tokens, confidences = device_io.to_host([prop.tokens, conf])  # the round's one wait for the device
         return DraftStep(
-            tokens=prop.tokens.tolist(), confidences=conf.tolist(),
+            tokens=tokens, confidences=confidences,
             probs=prop.probs[sampled] if sampled else None, sampled=sampled,
             draft_vocab=prop.draft_vocab, seconds=time.perf_counter() - t0, append_seconds=appended - t0,
         )

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.device_io import to_device
+
 SMALL_QUERY = 16  # sequences with at most this many new tokens go to the batched path
 
 
@@ -97,10 +99,11 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
         mask = None
         if start:
             keys = torch.arange(nb * block_size)
-            mask = (keys[None, :] <= start + torch.arange(q_len)[:, None])[None, None].to(device)
-        prefills.append(PrefillChunk(row, q_len, start, torch.tensor(table[:nb]).to(device), mask))
+            mask = to_device((keys[None, :] <= start + torch.arange(q_len)[:, None])[None, None], device)
+        prefills.append(PrefillChunk(row, q_len, start, to_device(torch.tensor(table[:nb]), device), mask))
         row += q_len
-    return AttentionMetadata(torch.tensor(slots, dtype=torch.long).to(device), group, prefills, k_transposed=fused,
+    slot_mapping = to_device(torch.tensor(slots, dtype=torch.long), device)
+    return AttentionMetadata(slot_mapping, group, prefills, k_transposed=fused,
                              causal=causal)
 
 
@@ -135,8 +138,9 @@ def _sdpa_group(seqs, block_size, q_per_kv, device, causal: bool = True) -> Smal
     mask = mask[:, None].repeat(1, 1, q_per_kv, 1)  # row g * max_q + i, matching the folded query layout
     uniform = all(q == max_q for q, _, _ in seqs)
     return SmallGroup(
-        B, max_q, sum(q for q, _, _ in seqs), num_blocks=nb, block_ids=block_ids.flatten().to(device),
-        mask=mask.to(device), pad_rows=None if uniform else torch.tensor(pad_rows, dtype=torch.long).to(device),
+        B, max_q, sum(q for q, _, _ in seqs), num_blocks=nb, block_ids=to_device(block_ids.flatten(), device),
+        mask=to_device(mask, device),
+        pad_rows=None if uniform else to_device(torch.tensor(pad_rows, dtype=torch.long), device),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from engine import device_io
 from engine.attention import KVCache
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -476,20 +477,25 @@ class LLMEngine:
         emitted: dict[int, list[int]] = {}
         rows_of = {}
         target_logits = self._penalised(out)
+        reads, pending = [], None  # device results, read on the host at the step's one synchronization
         if plain:
             rows = [out.logit_rows[i][0] for i in plain]
             logits = target_logits if len(rows) == target_logits.shape[0] else target_logits[rows]
             batch = SamplingBatch.build([out.order[i].seq.params for i in plain],
                                         [out.order[i].seq.generator for i in plain], self.device)
-            tokens = sample(logits, batch, self.generator, self.model.ops.argmax).tolist()
-            for i, t in zip(plain, tokens):
-                emitted[i] = [t]
-                rows_of[i] = [out.logit_rows[i][0]]
+            reads.append(sample(logits, batch, self.generator, self.model.ops.argmax))
         if drafted:
             rows = [r for i in drafted for r in range(out.logit_rows[i][0], sum(out.logit_rows[i]))]
-            verified = self.speculator.verify([out.order[i] for i in drafted], target_logits[rows], self.generator,
-                                              self.model.ops.argmax)
-            for i, tokens in zip(drafted, verified):
+            pending = self.speculator.verify([out.order[i] for i in drafted], target_logits[rows], self.generator,
+                                             self.model.ops.argmax)
+            reads.extend(pending.tensors)
+        host = device_io.to_host(reads)
+        if plain:
+            for i, t in zip(plain, host.pop(0)):
+                emitted[i] = [t]
+                rows_of[i] = [out.logit_rows[i][0]]
+        if pending is not None:
+            for i, tokens in zip(drafted, pending.finish(host)):
                 emitted[i] = tokens
                 rows_of[i] = list(range(out.logit_rows[i][0], out.logit_rows[i][0] + len(tokens)))
         with_lp = [i for i in emitted if out.order[i].seq.params.logprobs is not None]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import SMALL_QUERY, KVCache, build_metadata
+from engine.device_io import to_device
 from engine.model import DecoderLM
 from engine.scheduler import ScheduledSeq
 
@@ -50,10 +51,10 @@ class ModelRunner:
         dev = self.device
         meta = build_metadata(meta_seqs, self.block_size, self.model.num_heads // self.model.num_kv_heads, dev,
                               fused=self.model.ops.fused)
-        input_ids = torch.tensor(ids, dtype=torch.long).to(dev)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev)
+        input_ids = to_device(torch.tensor(ids, dtype=torch.long), dev)
+        pos = to_device(torch.tensor(positions, dtype=torch.long), dev)
         hidden, taps = self.model.forward(input_ids, pos, meta, self.kv_cache, self.tap_layers)
-        logits = self.model.compute_logits(hidden.index_select(0, torch.tensor(rows, dtype=torch.long).to(dev)))
+        logits = self.model.compute_logits(hidden.index_select(0, to_device(torch.tensor(rows, dtype=torch.long), dev)))
         per_seq_taps = {}
         if taps is not None:
             offset = 0

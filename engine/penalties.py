@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.device_io import to_device
 from engine.sampling_params import SamplingParams
 
 
@@ -33,7 +34,8 @@ def has_penalties(params: SamplingParams) -> bool:
 @dataclass
 class DraftPenalties:
     """A sequence's penalties as a drafter applies them to its block: over the tokens so far (the block's own drafts
-    are not counted). Field names are SamplingParams', so `apply_penalties(rows, p, p.prompt, p.output)` applies them."""
+    are not counted). Field names are SamplingParams', so `apply_penalties(rows, p, p.prompt, p.output)` applies
+    them."""
 
     output: list[int]
     prompt: list[int]  # empty unless a repetition penalty reads it
@@ -61,16 +63,16 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[i
     def to_columns(ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """The entries of `ids` that have a column, and those columns."""
         if columns is None:
-            return np.arange(len(ids)), torch.from_numpy(ids).to(device)
+            return np.arange(len(ids)), to_device(torch.from_numpy(ids), device)
         cols = columns[torch.from_numpy(ids)].numpy() if columns.device.type == "cpu" else \
             columns[torch.from_numpy(ids).to(columns.device)].cpu().numpy()
         keep = np.flatnonzero(cols >= 0)
-        return keep, torch.from_numpy(cols[keep]).to(device)
+        return keep, to_device(torch.from_numpy(cols[keep]), device)
 
     if params.logit_bias:
         keep, cols = to_columns(np.fromiter(params.logit_bias, dtype=np.int64, count=len(params.logit_bias)))
         bias = np.fromiter(params.logit_bias.values(), dtype=np.float64, count=len(params.logit_bias))[keep]
-        logits[:, cols] += torch.from_numpy(bias).to(device=device, dtype=logits.dtype)
+        logits[:, cols] += to_device(torch.from_numpy(bias), device).to(logits.dtype)
     drafts = list(drafts)[: n - 1]
     repetition = params.repetition_penalty != 1.0
     tokens = np.asarray(list(output) + drafts + (list(prompt) if repetition else []), dtype=np.int64)
@@ -86,12 +88,12 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[i
     keep, cols = to_columns(touched)
     if not len(keep):
         return
-    counts = torch.from_numpy(counts[:, keep]).to(device=device, dtype=logits.dtype)
+    counts = to_device(torch.from_numpy(counts[:, keep]), device).to(logits.dtype)
     sub = logits[:, cols]
     if repetition:
         in_prompt = np.zeros(len(touched), dtype=bool)
         in_prompt[which[n_out + n_drafts:]] = True
-        seen = (counts > 0) | torch.from_numpy(in_prompt[keep]).to(device)
+        seen = (counts > 0) | to_device(torch.from_numpy(in_prompt[keep]), device)
         r = params.repetition_penalty
         sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
     sub = sub - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)

@@ -1,4 +1,5 @@
-"""Lossless acceptance of verified drafts, per sequence. The greedy and random paths sit side by side.
+"""Lossless acceptance of verified drafts. The greedy and random paths sit side by side; each works on the device
+for all sequences at once, and the host reads the outcome with the step's other results (engine/device_io.py).
 
 Greedy: accept the drafts that equal the target's argmax, then emit the target's own token at the first mismatch
 (or after the last draft).
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device_io import to_device
 from engine.sampler import SamplingBatch, sample_from_probs, target_probs
 
 
@@ -23,9 +25,8 @@ class VerifyResult:
     num_accepted: list[int]
 
 
-def verify_greedy(logits: torch.Tensor, drafts: list[list[int]], argmax=None) -> VerifyResult:
-    """logits: [sum(k_i + 1), V], rows of sequence i in order. drafts[i]: its k_i draft tokens."""
-    best = (argmax or (lambda x: x.argmax(-1)))(logits).tolist()
+def accept_greedy(best: list[int], drafts: list[list[int]]) -> VerifyResult:
+    """best: the target's argmax of every verify row (sum(k_i + 1), sequence i's rows in order)."""
     tokens, accepted, row = [], [], 0
     for d in drafts:
         a = 0
@@ -37,31 +38,41 @@ def verify_greedy(logits: torch.Tensor, drafts: list[list[int]], argmax=None) ->
     return VerifyResult(tokens, accepted)
 
 
+def residual(p_t: torch.Tensor, p_d: torch.Tensor) -> torch.Tensor:
+    """The unnormalised distribution to sample after a rejection: max(p_t - p_d, 0)."""
+    return (p_t - p_d).clamp(min=0)
+
+
 def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: list[torch.Tensor], params_list,
-                  generators: list[torch.Generator | None], default: torch.Generator | None) -> VerifyResult:
-    """logits: [sum(k_i + 1), V]; draft_probs[i]: [k_i, V] full-vocabulary p_d of sequence i's drafts."""
+                  generators: list[torch.Generator | None],
+                  default: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [sum(k_i + 1), V]; draft_probs[i]: [k_i, V] full-vocabulary p_d of sequence i's drafts (k_i >= 1).
+    Returns (num_accepted [S], emitted [S]) on the device: sequence i emits drafts[i][:num_accepted[i]], then
+    emitted[i]. A sequence with a generator draws its k_i acceptance uniforms, then its sample's, from it."""
     device = logits.device
-    counts = [len(d) + 1 for d in drafts]
-    row_params = [p for p, n in zip(params_list, counts) for _ in range(n)]
-    row_gens = [g for g, n in zip(generators, counts) for _ in range(n)]
+    k = [len(d) for d in drafts]
+    starts = [sum(n + 1 for n in k[:i]) for i in range(len(k))]
+    row_params = [p for p, n in zip(params_list, k) for _ in range(n + 1)]
+    row_gens = [g for g, n in zip(generators, k) for _ in range(n + 1)]
     p_t = target_probs(logits.float(), SamplingBatch.build(row_params, row_gens, device))
-    tokens, accepted, row = [], [], 0
-    for i, d in enumerate(drafts):
-        k, g = len(d), generators[i]
-        a = k
-        if k:
-            x = torch.tensor(d, device=device)
-            pt = p_t[row: row + k].gather(1, x[:, None])[:, 0]
-            pd = draft_probs[i].to(device=device, dtype=p_t.dtype).gather(1, x[:, None])[:, 0]
-            u = torch.rand(k, device=device, generator=g if g is not None else default)
-            rejected = (u * pd > pt).nonzero()
-            a = int(rejected[0, 0]) if len(rejected) else k
-        if a < k:
-            residual = (p_t[row + a] - draft_probs[i][a].to(device=device, dtype=p_t.dtype)).clamp(min=0)
-            dist = residual if residual.sum() > 0 else p_t[row + a]
-        else:
-            dist = p_t[row + k]
-        tokens.append(d[:a] + [int(sample_from_probs(dist[None], [g], default)[0])])
-        accepted.append(a)
-        row += k + 1
-    return VerifyResult(tokens, accepted)
+    flat = to_device(torch.tensor([t for d in drafts for t in d]), device)
+    draft_rows = to_device(torch.tensor([s + j for s, n in zip(starts, k) for j in range(n)]), device)
+    p_d = [to_device(p, device).to(p_t.dtype) for p in draft_probs]
+    pt = p_t[draft_rows, flat]
+    pd = torch.cat(p_d).gather(1, flat[:, None])[:, 0]
+    u = torch.cat([torch.rand(n, device=device, generator=g if g is not None else default)
+                   for n, g in zip(k, generators)])
+    # First rejection per sequence: pad each sequence's accept flags to K with True, count the leading Trues.
+    K = max(k)
+    slot = to_device(torch.tensor([i * K + j for i, n in enumerate(k) for j in range(n)]), device)
+    accepts = torch.ones(len(k) * K, dtype=torch.bool, device=device).index_put_((slot,), u * pd <= pt)
+    num_accepted = accepts.view(len(k), K).long().cumprod(1).sum(1).minimum(to_device(torch.tensor(k), device))
+    # The next token: from the residual at the first rejected position, or a bonus sample of p_t after the last.
+    next_row = to_device(torch.tensor(starts), device) + num_accepted
+    p_t_next = p_t[next_row]
+    p_d_next = torch.stack([p.index_select(0, a.clamp(max=p.shape[0] - 1)[None])[0]
+                            for p, a in zip(p_d, num_accepted.unbind())])
+    p_d_next = p_d_next * (num_accepted < to_device(torch.tensor(k), device))[:, None]  # none after the last draft
+    dist = residual(p_t_next, p_d_next)
+    dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, p_t_next)  # p_d = p_t exactly: nothing to correct
+    return num_accepted, sample_from_probs(dist, generators, default)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device_io import to_device
+
 
 @dataclass
 class SamplingBatch:
@@ -19,22 +21,27 @@ class SamplingBatch:
     top_p: torch.Tensor  # [N] float32
     generators: list[torch.Generator | None]
     all_greedy: bool
+    any_greedy: bool
     use_top_k: bool
     use_top_p: bool
+    top_k_width: int  # the k of the row that keeps most tokens (0: a row keeps the whole vocabulary)
 
     @classmethod
     def build(cls, params_list, generators, device) -> SamplingBatch:
         temps = [p.temperature for p in params_list]
         top_k = [p.top_k for p in params_list]
         top_p = [p.top_p for p in params_list]
+        # Decided on the host from the request parameters: reading them back from the device would wait for it.
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            temperature=to_device(torch.tensor(temps, dtype=torch.float32), device),
+            top_k=to_device(torch.tensor(top_k, dtype=torch.long), device),
+            top_p=to_device(torch.tensor(top_p, dtype=torch.float32), device),
             generators=list(generators),
             all_greedy=all(t == 0.0 for t in temps),
+            any_greedy=any(t == 0.0 for t in temps),
             use_top_k=any(k > 0 for k in top_k),
             use_top_p=any(p < 1.0 for p in top_p),
+            top_k_width=0 if any(k <= 0 for k in top_k) else max(top_k, default=0),
         )
 
 
@@ -45,7 +52,8 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     logits = logits / temps
     if batch.use_top_k:
         k = torch.where(batch.top_k > 0, batch.top_k, logits.shape[1]).clamp(max=logits.shape[1])
-        kth = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
+        width = min(batch.top_k_width or logits.shape[1], logits.shape[1])
+        kth = logits.topk(width, dim=1).values.gather(1, (k - 1).unsqueeze(1))
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(dim=1)
     if batch.use_top_p:
@@ -57,7 +65,7 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
         probs = probs / probs.sum(dim=1, keepdim=True)
     greedy = batch.temperature == 0
-    if greedy.any():
+    if batch.any_greedy:
         onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), onehot, probs)
     return probs

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.acceptance import AcceptanceTracker
+from engine.device_io import to_device
 from engine.draft_gate import DraftGate
 from engine.drafter import ContextSync, Drafter, DraftStep, DraftWork
 from engine.load import StepLoad
 from engine.ngram import NgramIndex
 from engine.penalties import DraftPenalties
-from engine.rejection_sampler import verify_greedy, verify_random
+from engine.rejection_sampler import accept_greedy, verify_random
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence
 from engine.spec_mode import SpecMode, parse_speculation
@@ -72,6 +74,15 @@ class SeqSpec:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     histogram: list[int] = field(default_factory=list)  # accepted drafts per speculative step
+
+
+@dataclass
+class PendingVerify:
+    """A step's acceptance, queued on the device: read `tensors` on the host (with the step's other results, at
+    one synchronization), then `finish(values)` gives each drafted sequence's emitted tokens."""
+
+    tensors: list[torch.Tensor]
+    finish: Callable[[list[list]], list[list[int]]]
 
 
 @dataclass
@@ -344,40 +355,54 @@ class Speculator:
 
     # ----- after the forward --------------------------------------------------------------------------------
 
-    def verify(self, drafted: list[ScheduledSeq], logits: torch.Tensor, default_gen, argmax) -> list[list[int]]:
-        """logits: the verify rows of the drafted sequences, in order (1 + k rows each). Returns the tokens each
-        sequence emits (accepted drafts, then one target token)."""
+    def verify(self, drafted: list[ScheduledSeq], logits: torch.Tensor, default_gen, argmax) -> PendingVerify:
+        """logits: the verify rows of the drafted sequences, in order (1 + k rows each). Queues the acceptance of
+        every sequence on the device; `finish` of the result, given the host values of its `tensors`, returns the
+        tokens each sequence emits (accepted drafts, then one target token)."""
         greedy_idx = [i for i, s in enumerate(drafted) if s.seq.params.temperature == 0.0]
         random_idx = [i for i, s in enumerate(drafted) if s.seq.params.temperature > 0.0]
         offsets, row = [], 0
         for s in drafted:
             offsets.append(row)
             row += 1 + len(s.draft_tokens)
-        out: list[list[int]] = [[] for _ in drafted]
+        tensors = []
         for idx, path in ((greedy_idx, "greedy"), (random_idx, "random")):
             if not idx:
                 continue
-            rows = torch.cat([torch.arange(offsets[i], offsets[i] + 1 + len(drafted[i].draft_tokens))
-                              for i in idx]).to(logits.device)
+            rows = [r for i in idx for r in range(offsets[i], offsets[i] + 1 + len(drafted[i].draft_tokens))]
+            rows = to_device(torch.tensor(rows), logits.device)
             sub = logits.index_select(0, rows)
-            drafts = [drafted[i].draft_tokens for i in idx]
             if path == "greedy":
-                res = verify_greedy(sub, drafts, argmax)
+                tensors.append(argmax(sub) if argmax is not None else sub.argmax(-1))
             else:
-                probs = [self._draft_probs(drafted[i], logits.shape[1]) for i in idx]
-                res = verify_random(sub, drafts, probs, [drafted[i].seq.params for i in idx],
-                                    [drafted[i].seq.generator for i in idx], default_gen)
-            for j, i in enumerate(idx):
-                out[i] = res.tokens[j]
-                self._record(drafted[i], res.num_accepted[j])
-        return out
+                probs = [self._draft_probs(drafted[i], logits.shape[1], logits.device) for i in random_idx]
+                tensors.extend(verify_random(sub, [drafted[i].draft_tokens for i in idx], probs,
+                                             [drafted[i].seq.params for i in idx],
+                                             [drafted[i].seq.generator for i in idx], default_gen))
 
-    def _draft_probs(self, s: ScheduledSeq, vocab_size: int) -> torch.Tensor:
+        def finish(host: list[list]) -> list[list[int]]:
+            out: list[list[int]] = [[] for _ in drafted]
+            if greedy_idx:
+                res = accept_greedy(host.pop(0), [drafted[i].draft_tokens for i in greedy_idx])
+                for j, i in enumerate(greedy_idx):
+                    out[i] = res.tokens[j]
+                    self._record(drafted[i], res.num_accepted[j])
+            if random_idx:
+                num_accepted, emitted = host
+                for j, i in enumerate(random_idx):
+                    out[i] = drafted[i].draft_tokens[:num_accepted[j]] + [emitted[j]]
+                    self._record(drafted[i], num_accepted[j])
+            return out
+
+        return PendingVerify(tensors, finish)
+
+    def _draft_probs(self, s: ScheduledSeq, vocab_size: int, device: torch.device) -> torch.Tensor:
         """p_d of the verified drafts over the target vocabulary: one-hot for copied (lookup) drafts; the drafter's
         probabilities, 0 outside its draft vocabulary, otherwise."""
         k = len(s.draft_tokens)
         if s.seq.spec.by_lookup:
-            return torch.zeros(k, vocab_size).scatter_(1, torch.tensor(s.draft_tokens)[:, None], 1.0)
+            ids = to_device(torch.tensor(s.draft_tokens), device)
+            return torch.zeros(k, vocab_size, device=device).scatter_(1, ids[:, None], 1.0)
         compact = s.seq.spec.probs[:k]
         if self.draft_vocab is None:
             return compact
