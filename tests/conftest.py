@@ -42,3 +42,17 @@ def serve_port(request):
 
     with local_serve(**getattr(request.module, "SERVE_CLUSTER", {})) as port:
         yield port
+
+
+@pytest.fixture(scope="module", params=["native", "torch"])
+def kernels(request):
+    """A module that uses this runs twice: on the CPU kernels (engine/csrc, where they build) and on the plain torch
+    ops (DSPARK_KERNELS=torch), which are the ops a GPU runs: so CI covers the GPU's code path on CPU."""
+    import engine.ops
+
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "torch":
+            mp.setenv("DSPARK_KERNELS", "torch")  # for engine processes the tests start, too
+            mp.setattr(engine.ops, "_kernels", None)
+            mp.setattr(engine.ops, "_loaded", True)
+        yield request.param

@@ -16,6 +16,8 @@ from safetensors.torch import save_file
 from draft_service import ContextPoolFull, DraftContextPool, DraftRequest, DSparkConfig, DSparkDrafter
 from engine.penalties import DraftPenalties
 
+pytestmark = pytest.mark.usefixtures("kernels")  # each test on the CPU kernels and on the torch ops
+
 F64 = torch.float64
 
 

@@ -18,6 +18,8 @@ from engine import EngineConfig, LLMEngine
 from engine.ngram import NgramIndex
 from tests.helpers import make_tiny_model
 
+pytestmark = pytest.mark.usefixtures("kernels")  # each test on the CPU kernels and on the torch ops
+
 TAPS = [0, 2]
 
 

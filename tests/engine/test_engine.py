@@ -11,6 +11,8 @@ from engine.config import EngineConfig
 from engine.loader import ModelNotFoundError
 from tests.helpers import hf_greedy, make_tiny_model
 
+pytestmark = pytest.mark.usefixtures("kernels")  # each test on the CPU kernels and on the torch ops
+
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 
 
@@ -20,7 +22,7 @@ def random_prompts(n, vocab, lo=3, hi=40, seed=0):
 
 
 @pytest.fixture(scope="module")
-def tiny_engine(tiny_dir):
+def tiny_engine(tiny_dir, kernels):  # built per kernel path
     return LLMEngine(EngineConfig(model=str(tiny_dir), dtype="float64", device="cpu", kv_cache_memory_gb=0.05,
                                   tap_layers=[0, 2]))
 

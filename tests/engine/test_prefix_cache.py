@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
@@ -11,6 +12,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import Sequence
 from tests.helpers import hf_greedy
+
+pytestmark = pytest.mark.usefixtures("kernels")  # each test on the CPU kernels and on the torch ops
 
 BS = 4
 

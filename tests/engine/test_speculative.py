@@ -20,6 +20,8 @@ from engine.draft_gate import DraftGate
 from engine.step_cost import Curve, StepCostModel
 from tests.helpers import make_tiny_model, with_copy_hints
 
+pytestmark = pytest.mark.usefixtures("kernels")  # each test on the CPU kernels and on the torch ops
+
 TAPS = [0, 2]
 
 
