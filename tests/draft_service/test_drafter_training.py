@@ -67,10 +67,11 @@ def fixed_loss(model, cache) -> float:
     return total
 
 
-def test_training_lowers_loss_and_resumes_exactly(tiny_caches):
+def test_training_lowers_loss_and_resumes_exactly(tiny_caches, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model_dir, cache, heldout, folder = tiny_caches
+    model_dir, cache, heldout, _ = tiny_caches
+    folder = tmp_path  # runs of its own: a run folder that holds a checkpoint resumes from it
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tc = TrainConfig(steps=60, samples_per_step=4, anchors_per_sample=8, draft_vocab_size=1024, lr=5e-3,
                      eval_every=60, checkpoint_every=20, mask_token_id=3)
@@ -90,13 +91,14 @@ def test_training_lowers_loss_and_resumes_exactly(tiny_caches):
     assert any(not torch.equal(a, b) for a, b in zip(cut.state_dict().values(), resumed.state_dict().values()))
 
 
-def test_warm_start_grows_layers_without_changing_the_drafter_then_trains_on(tiny_caches):
+def test_warm_start_grows_layers_without_changing_the_drafter_then_trains_on(tiny_caches, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from draft_service.model import DSparkDrafter
     from draft_service.train import warm_start
 
-    model_dir, cache, heldout, folder = tiny_caches
+    model_dir, cache, heldout, _ = tiny_caches
+    folder = tmp_path
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tc = TrainConfig(steps=40, samples_per_step=4, anchors_per_sample=8, draft_vocab_size=1024, lr=5e-3,
                      eval_every=40, checkpoint_every=40, mask_token_id=3)
