@@ -40,7 +40,7 @@ def accept_greedy(best: list[int], drafts: list[list[int]]) -> VerifyResult:
 
 def residual(p_t: torch.Tensor, p_d: torch.Tensor) -> torch.Tensor:
     """The unnormalised distribution to sample after a rejection: max(p_t - p_d, 0)."""
-    return (p_t - p_d).clamp(min=0)
+    return (p_t - p_d).clamp_(min=0)
 
 
 def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: list[torch.Tensor], params_list,
@@ -51,7 +51,7 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     emitted[i]. A sequence with a generator draws its k_i acceptance uniforms, then its sample's, from it."""
     device = logits.device
     k = [len(d) for d in drafts]
-    starts = [sum(n + 1 for n in k[:i]) for i in range(len(k))]
+    starts = [sum(k[:i]) + i for i in range(len(k))]
     row_params = [p for p, n in zip(params_list, k) for _ in range(n + 1)]
     row_gens = [g for g, n in zip(generators, k) for _ in range(n + 1)]
     p_t = target_probs(logits.float(), SamplingBatch.build(row_params, row_gens, device))
@@ -59,7 +59,8 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     draft_rows = to_device(torch.tensor([s + j for s, n in zip(starts, k) for j in range(n)]), device)
     p_d = [to_device(p, device).to(p_t.dtype) for p in draft_probs]
     pt = p_t[draft_rows, flat]
-    pd = torch.cat(p_d).gather(1, flat[:, None])[:, 0]
+    firsts = [sum(k[:i]) for i in range(len(k))]
+    pd = torch.cat([p.gather(1, flat.narrow(0, f, n)[:, None])[:, 0] for p, f, n in zip(p_d, firsts, k)])
     u = torch.cat([torch.rand(n, device=device, generator=g if g is not None else default)
                    for n, g in zip(k, generators)])
     # First rejection per sequence: pad each sequence's accept flags to K with True, count the leading Trues.
@@ -70,9 +71,9 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     # The next token: from the residual at the first rejected position, or a bonus sample of p_t after the last.
     next_row = to_device(torch.tensor(starts), device) + num_accepted
     p_t_next = p_t[next_row]
-    p_d_next = torch.stack([p.index_select(0, a.clamp(max=p.shape[0] - 1)[None])[0]
-                            for p, a in zip(p_d, num_accepted.unbind())])
-    p_d_next = p_d_next * (num_accepted < to_device(torch.tensor(k), device))[:, None]  # none after the last draft
+    p_d_next = torch.cat([p.index_select(0, a.clamp(max=p.shape[0] - 1)[None])
+                          for p, a in zip(p_d, num_accepted.unbind())])
+    p_d_next.mul_((num_accepted < to_device(torch.tensor(k), device))[:, None])  # none after the last draft
     dist = residual(p_t_next, p_d_next)
-    dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, p_t_next)  # p_d = p_t exactly: nothing to correct
+    dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, p_t_next)  # p_d = p_t up to rounding: nothing to correct
     return num_accepted, sample_from_probs(dist, generators, default)
