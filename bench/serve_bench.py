@@ -15,8 +15,9 @@ Metrics per level (vLLM's benchmark definitions):
 HTTP vs in process, at every level: the same prompts, params and closed loop through LLMEngine in this process
 (same engine config, in-process drafter, every core), alternating with the HTTP level for --rounds rounds; the ratio
 of tokens/s, the TTFT p50 gap, each side's mean engine step, whether greedy texts match, and the HTTP level's CPU time
-per kind of process (engine, replica, proxy, ingress, draft actor, Ray, this client). The local app is sized as
-`dspark serve` sizes it (deployments.cli.single_machine_sizing); --set changes any serving config field.
+per kind of process (engine, replica, proxy, ingress, draft actor, Ray, this client). The local app is sized and
+fronted as `dspark serve` does it (deployments.cli.single_machine_sizing; HAProxy, or --http-proxy ray for Serve's
+Python proxy); --set changes any serving config field.
 Actor vs in-process drafter: the cost of
 one draft round (sync one new tap row per sequence + propose) for B sequences, in-process, through the actor's
 channel, and through a plain Ray actor call; each pair computes on the same core.
@@ -147,7 +148,7 @@ def summarize(results: list[dict], slo_ttft: float, slo_tpot: float) -> dict:
 
 
 def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "in_replica",
-                    overrides: dict | None = None) -> tuple[str, callable]:
+                    overrides: dict | None = None, http_proxy: str = "haproxy") -> tuple[str, callable]:
     """A local Ray + the app on a free loopback port (deployments.launch), sized as `dspark serve` sizes it on this
     machine. `overrides`: serving config fields (nested dicts). Returns (base url, stop)."""
     from contextlib import ExitStack
@@ -164,7 +165,8 @@ def start_local_app(engine_cfg, replicas: int, ingress_mode: str = "in_replica",
         fields[key] = {**fields.get(key, {}), **value} if isinstance(value, dict) else value
     config = LLMServingConfig.model_validate(fields)
     cluster = ExitStack()
-    port = cluster.enter_context(local_serve(num_cpus=max(4, os.cpu_count() or 1), object_store_mb=200))
+    port = cluster.enter_context(local_serve(num_cpus=max(4, os.cpu_count() or 1), object_store_mb=200,
+                                             http_proxy=http_proxy))
     try:
         app = run_app(config, port, name="serve-bench")
     except BaseException:
@@ -265,7 +267,7 @@ def _label(proc) -> str:
         title = cmd[0].removeprefix("ray::")
         for key, name in (("ProxyActor", "Serve proxy"), ("LLMServer", "LLM replica"), ("OpenAIIngress", "ingress"),
                           ("MetricsHub", "metrics hub"), ("DraftActor", "draft actor"),
-                          ("ServeController", "Serve controller")):
+                          ("ServeController", "Serve controller"), ("HAProxyManager", "HAProxy manager")):
             if key in title:
                 return name
         return "ray::" + title.split(":")[0].split(".")[0]
@@ -532,6 +534,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="HTTP / in-process alternations per level (default 2)")
     ap.add_argument("--ingress-mode", default="in_replica", help="the app layout (ingress_mode; dspark serve's "
                     "default)")
+    ap.add_argument("--http-proxy", default="haproxy", choices=["haproxy", "ray"],
+                    help="the local app's HTTP front (deployments.launch.local_serve; dspark serve's default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="a serving config field for the local app, dotted for nested ones (torch_threads=2, "
                          "draft_actor.num_cpus=0); repeatable")
@@ -578,14 +582,14 @@ def main() -> None:
         if urlparse(url).hostname not in LOOPBACK:
             raise SystemExit("serve_bench only talks to loopback servers")
     else:
-        url, stop = start_local_app(engine_cfg, args.replicas, args.ingress_mode, overrides)
+        url, stop = start_local_app(engine_cfg, args.replicas, args.ingress_mode, overrides, args.http_proxy)
     import httpx
 
     info = httpx.get(f"{url}/stats", timeout=30).json()
     result = {"config": {"model": args.model or "SmolLM2-135M-Instruct", "drafter": args.drafter, "dtype": args.dtype,
                          "max_tokens": max_tokens, "concurrency": conc, "modes": modes, "quick": q,
                          "replicas": args.replicas, "url": url, "cpus": os.cpu_count(), "in_process_threads": threads,
-                         "rounds": rounds, "ingress_mode": args.ingress_mode, "serving_overrides": overrides},
+                         "rounds": rounds, "ingress_mode": args.ingress_mode, "http_proxy": args.http_proxy, "serving_overrides": overrides},
               "slo": {"ttft_s": args.slo_ttft_s, "tpot_s": args.slo_tpot_ms / 1000},
               "server": {"drafter_error": info.get("drafter_error"),
                          "speculation": bool(info.get("speculation"))},

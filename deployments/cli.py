@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from deployments.config import LLMServingConfig
@@ -131,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from deployments.launch import run_app  # imports Ray Serve: here, after the line above
+    from deployments.launch import run_app, serve_environment  # imports Ray Serve: here, after the line above
 
     resolve_model(args.model)  # a wrong --model fails here, not in replicas that Serve keeps restarting
     config = serving_config(args)
@@ -150,6 +151,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     started_serve = False
+    environment = ExitStack()
+    if not args.address:  # a cluster's own `ray start` environment decides its HTTP front (cluster.yaml)
+        environment.enter_context(serve_environment(args.http_proxy))
     try:
         # "local" always starts a fresh cluster owned by this process, which ray.shutdown() then stops.
         local = {}
@@ -179,6 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     serve.shutdown()
             finally:
                 ray.shutdown()
+        environment.close()
     return 0
 
 
@@ -247,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="in_replica: each replica serves HTTP itself (a hop and a process fewer per streamed "
                           "delta; a replica that dies cuts its streams); separate: an ingress deployment in front "
                           "of the replicas (a dying replica's requests get an OpenAI error)")
+    srv.add_argument("--http-proxy", default="haproxy", choices=["haproxy", "ray"],
+                     help="the local cluster's HTTP front: haproxy (Ray Serve's HAProxy: each connection goes "
+                          "straight to a replica's own HTTP server) or ray (Serve's Python proxy, which relays every "
+                          "streamed chunk as a Ray message). With --address, the cluster's `ray start` decides")
     srv.add_argument("--torch-threads", type=int, default=None,
                      help="engine (and draft actor) threads per replica on a single machine (default: the cores "
                           "this process may use, shared among the replicas); with --address the Serve config's "

@@ -1,5 +1,11 @@
-"""Run the app on a local Ray, for the tests and the benches: a fresh cluster with Serve's HTTP proxy on a free
-loopback port, and the app deployed there, ready once that port answers with it.
+"""Run the app on a local Ray, for `dspark serve`, the tests and the benches: a fresh cluster with Serve's HTTP front
+on a free loopback port, and the app deployed there, ready once that port answers with it.
+
+The HTTP front (`http_proxy`): "haproxy" (the default) is Ray Serve's HAProxy ingress: HAProxy listens on the port and
+forwards each connection to an ingress replica's own HTTP server (direct ingress), so a streamed response goes from
+the replica's socket to the client with no Python process and no Ray message per chunk. "ray" is Serve's Python proxy,
+which relays every chunk from the replica as a Ray streaming message. Ray reads the choice from the environment of its
+processes when they start (`http_proxy_env`); on a cluster, `ray start` on every node needs it (cluster.yaml).
 
     with local_serve(num_cpus=4) as port:
         app = run_app(LLMServingConfig(...), port)
@@ -10,15 +16,21 @@ fail: both then answer there. That is why run_app reads /-/routes until the port
 """
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
+log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
+HttpProxy = Literal["haproxy", "ray"]
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -28,26 +40,88 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
+def http_proxy_env(http_proxy: HttpProxy, run_dir: str | None = None, drain_s: float | None = None) -> dict[str, str]:
+    """The environment that selects Serve's HTTP front, for the Ray processes of a cluster about to start.
+
+    haproxy: HAProxy's files go under `run_dir` and its stats and metrics listen on free ports (Ray's defaults:
+    /tmp/haproxy-serve, ports 8404 and 9101, which two servers on one machine would share); `drain_s` is how long
+    a stopping replica keeps serving so that HAProxy can take it out first (Ray's default, 30 s, suits a load
+    balancer of its own in front; HAProxy on the same machine needs far less)."""
+    if http_proxy == "ray":
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    if http_proxy != "haproxy":
+        raise ValueError(f"http_proxy must be 'haproxy' or 'ray', not {http_proxy!r}")
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    if run_dir is not None:
+        env |= {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{run_dir}/haproxy.cfg",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock",
+                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{run_dir}/metrics.sock",
+                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
+                "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("")),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port(""))}
+    if drain_s is not None:
+        env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = str(drain_s)
+    return env
+
+
+def haproxy_binary() -> str | None:
+    """The HAProxy that Ray would run (the one `ray[serve]` installs on Linux, or one on PATH), or None."""
+    from ray.serve._private.haproxy import get_haproxy_binary  # Ray's own lookup; Ray is pinned exactly
+
+    try:
+        return get_haproxy_binary()
+    except FileNotFoundError:
+        return None
+
+
 @contextmanager
-def local_serve(num_cpus: int = 8, object_store_mb: int = 200, host: str = LOOPBACK) -> Iterator[int]:
+def serve_environment(http_proxy: HttpProxy, drain_s: float | None = 2.0) -> Iterator[dict[str, str]]:
+    """Set http_proxy_env in os.environ (with a run folder of its own) for a local cluster started inside, and put
+    both back afterwards. Yields the variables set. Without an HAProxy binary (not Linux), Serve's Python proxy."""
+    if http_proxy == "haproxy" and haproxy_binary() is None:
+        log.warning("no HAProxy binary here (ray[serve] installs one on Linux): Serve's Python proxy serves HTTP")
+        http_proxy = "ray"
+    # Short: Ray adds a 56-character node id below it, and HAProxy takes socket paths of at most 97 characters.
+    run_dir = tempfile.mkdtemp(prefix="dsh-", dir="/tmp") if http_proxy == "haproxy" else None
+    env = http_proxy_env(http_proxy, run_dir, drain_s)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextmanager
+def local_serve(num_cpus: int = 8, object_store_mb: int = 200, host: str = LOOPBACK,
+                http_proxy: HttpProxy = "haproxy") -> Iterator[int]:
     """A fresh local Ray owned by this process (auth off, no dashboard, a capped object store, workers' logs not
-    echoed) with Serve's proxy on a free port of `host`. Yields the port; shuts Serve and Ray down on exit."""
+    echoed) with Serve's HTTP front (`http_proxy`) on a free port of `host`. Yields the port; shuts Serve and Ray
+    down on exit."""
     os.environ["RAY_AUTH_MODE"] = "disabled"  # read when Ray starts
     import ray
     from ray import serve
 
-    # address="local": always a new cluster, never one that RAY_ADDRESS or `ray start` left running.
-    ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_mb * 2**20,
-             include_dashboard=False, log_to_driver=False)
-    try:
-        port = free_port(host)
-        serve.start(http_options={"host": host, "port": port})
-        yield port
-    finally:
+    with serve_environment(http_proxy):
+        # address="local": always a new cluster, never one that RAY_ADDRESS or `ray start` left running.
+        ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_mb * 2**20,
+                 include_dashboard=False, log_to_driver=False)
         try:
-            serve.shutdown()
+            port = free_port(host)
+            serve.start(http_options={"host": host, "port": port})
+            yield port
         finally:
-            ray.shutdown()
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
 
 
 @dataclass

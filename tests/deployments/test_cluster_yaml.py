@@ -69,6 +69,7 @@ def test_ray_starts_from_the_venv_without_auth_and_exports_metrics(config):
     workers = " ".join(config["worker_start_ray_commands"])
     for cmds in (head, workers):
         assert "RAY_AUTH_MODE=disabled" in cmds
+        assert "RAY_SERVE_ENABLE_HA_PROXY=1" in cmds  # HAProxy's front, read when Ray starts (launch.http_proxy_env)
         assert "~/dspark-serve/.venv/bin/ray start" in cmds
         assert "--metrics-export-port=8080" in cmds
     assert "--head" in head and "--dashboard-host=0.0.0.0" in head and "--autoscaling-config" in head

@@ -399,12 +399,3 @@ def test_full_queue_is_429_and_disconnects_free_everything(client):
     assert stats["requests_finished"] > 0
     ok = client.post(C, json={"prompt": "hi", "max_tokens": 3, "temperature": 0})
     assert ok.status_code == 200
-
-
-def test_non_streaming_client_disconnect_aborts(server, client):
-    before = wait_idle(client)["generation_tokens"]
-    with httpx.Client(base_url=server.base, timeout=0.3) as impatient:
-        with pytest.raises(httpx.ReadTimeout):
-            impatient.post(C, json={"prompt": "never read", **LONG})
-    stats = wait_idle(client)
-    assert stats["generation_tokens"] - before < LONG["max_tokens"]  # aborted: it never ran to its length

@@ -1,6 +1,7 @@
 """Serving config and protocol, without a cluster: configs/serve.yaml, deployment options, request validation."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,24 @@ def test_gpu_claim_errors():
     assert "holds no GPU" in gpu_claim_error([], "cuda", False)
 
 
+
+
+def test_the_http_front_is_chosen_by_the_environment_ray_starts_with(monkeypatch):
+    """haproxy: Serve's HAProxy ingress, with its files and ports of its own (two servers on one machine would share
+    Ray's defaults) and a short drain; ray: Serve's Python proxy; the environment is put back afterwards."""
+    from deployments.launch import haproxy_binary, http_proxy_env, serve_environment
+
+    assert http_proxy_env("ray") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    env = http_proxy_env("haproxy", "/tmp/dsh-x", drain_s=2.0)
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2.0"
+    assert env["RAY_SERVE_HAPROXY_SOCKET_PATH"].startswith("/tmp/dsh-x/")
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] not in ("8404", env["RAY_SERVE_HAPROXY_METRICS_PORT"])
+    with pytest.raises(ValueError, match="haproxy"):
+        http_proxy_env("nginx")
+    assert haproxy_binary() is not None  # ray[serve] installs one on Linux
+
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
+    with serve_environment("haproxy") as env:
+        run_dir = Path(env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"]).parent
+        assert run_dir.is_dir() and os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and not run_dir.exists()
