@@ -129,7 +129,9 @@ class LLMServer:
             # The engine steps in a child process, so this process's event loops never hold its GIL.
             self.engine = EngineProcess(engine_cfg, connect, self.draft_actor, thread_nice=nice,
                                         torch_threads=threads, drafter_error=drafter_error,
-                                        startup_timeout_s=config.draft_actor.startup_timeout_s)
+                                        startup_timeout_s=config.draft_actor.startup_timeout_s,
+                                        output_interval=(config.stream_interval_ms / 1000,
+                                                         config.stream_max_deltas_per_s))
             info = self.engine.info
         else:
             proxy = None if connect is None else connect(RayLocator(self.draft_actor))

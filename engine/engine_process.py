@@ -13,7 +13,9 @@ Protocol, over one multiprocessing connection (pickled tuples):
                       | ("draft_lost",) | ("dead", reason)
 A delta carries what a step added to a request's RequestOutput (new tokens, text and logprobs; the prompt ids once);
 the parent keeps what came before. Whole outputs would pickle every token so far, every step, a cost that grows with
-the length; deltas, rebuilt included, cost little and hardly grow.
+the length; deltas, rebuilt included, cost little and hardly grow. With `output_interval` the child sends its held
+deltas only as often as the streams send them on anyway (stream_interval_s), and at once when a request finishes or
+has yet to show text: each message wakes the parent, and on a few cores a wake-up stalls the engine's threads.
 The child's drafter comes from `connect_drafter`, a picklable callable its caller passes in (deployments/server.py:
 a DraftServiceProxy connected straight to the replica's draft actor over its socket); when that link breaks, the child
 asks the parent (which has Ray) where the restarted actor listens.
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -36,7 +39,7 @@ import torch
 
 from engine.async_engine import (IDLE_PUBLISH_S, MAX_CONSECUTIVE_STEP_FAILURES, AsyncLLMEngine, EngineDeadError,
                                  EngineStepError, RequestAbortedError, _deliver, _Request, _resolve, engine_info,
-                                 published_stats, release_free_heap, set_nice)
+                                 published_stats, release_free_heap, set_nice, stream_interval_s)
 from engine.drafter import Drafter
 from engine.llm_engine import LLMEngine, RequestOutput
 
@@ -92,11 +95,13 @@ class EngineProcess(AsyncLLMEngine):
 
     def __init__(self, config, connect_drafter: Callable[[_ParentLocator], Drafter] | None = None, draft_actor=None,
                  thread_nice: int | None = None, torch_threads: int | None = None, drafter_error: str | None = None,
-                 startup_timeout_s: float = 600.0):
+                 startup_timeout_s: float = 600.0, output_interval: tuple[float, float | None] | None = None):
         """`connect_drafter`: a picklable callable that the child calls with its locator (see _ParentLocator) to get
         the engine's drafter; `draft_actor`: the Ray actor behind it, which this process pings for the child after a
         failure. None: the engine loads `config.drafter` itself, or runs without one. `drafter_error`: why a drafter
-        that was asked for is missing (reported in stats)."""
+        that was asked for is missing (reported in stats). `output_interval`: (base_s, max_deltas_per_s) of
+        stream_interval_s, the least time between two "outputs" messages that carry no urgent delta; None: every
+        step."""
         self.draft_actor = draft_actor
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _requests: the asyncio side adds, the reader thread delivers
@@ -105,6 +110,7 @@ class EngineProcess(AsyncLLMEngine):
         self._dead: str | None = None
         self._stopping = False
         self._stats: dict = {}
+        self.output_messages = 0  # "outputs" messages read from the child
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._child = subprocess.Popen([sys.executable, "-m", "engine.engine_process", str(theirs.fileno())],
@@ -112,7 +118,8 @@ class EngineProcess(AsyncLLMEngine):
         theirs.close()
         self._conn = Connection(ours.detach())
         # Plain pickle: Connection.send would ship a tensor (the draft vocabulary) as a shared-memory handle.
-        self._conn.send_bytes(pickle.dumps((config, connect_drafter, thread_nice, torch_threads, drafter_error)))
+        self._conn.send_bytes(pickle.dumps((config, connect_drafter, thread_nice, torch_threads, drafter_error,
+                                            output_interval)))
         if not self._conn.poll(startup_timeout_s):
             self._child.kill()
             raise RuntimeError(f"the engine process did not start within {startup_timeout_s} s")
@@ -203,6 +210,7 @@ class EngineProcess(AsyncLLMEngine):
         kind = message[0]
         if kind == "outputs":
             _, deltas, stats = message
+            self.output_messages += 1
             self._stats = stats  # before the outputs: a consumer that sees its last delta sees this step's stats
             for delta in deltas:
                 rid = delta.request_id
@@ -283,7 +291,8 @@ class _ParentLocator:
 
 def _child_main(fd: int) -> None:
     conn = Connection(fd)
-    config, connect_drafter, thread_nice, torch_threads, drafter_error = pickle.loads(conn.recv_bytes())
+    config, connect_drafter, thread_nice, torch_threads, drafter_error, output_interval = pickle.loads(
+        conn.recv_bytes())
     set_nice(thread_nice)  # first, so that torch's worker threads inherit it
     if torch_threads:
         torch.set_num_threads(torch_threads)
@@ -296,7 +305,7 @@ def _child_main(fd: int) -> None:
     except BaseException as exc:
         conn.send(("start_failed", f"{type(exc).__name__}: {exc}"))
         return
-    core = _Core(engine, conn, locator)
+    core = _Core(engine, conn, locator, output_interval)
     conn.send(("ready", {"info": engine_info(engine), "stats": core.stats()}))
     core.run()
 
@@ -304,10 +313,15 @@ def _child_main(fd: int) -> None:
 class _Core:
     """The child's loop: apply the parent's commands, step, send the outputs and the stats."""
 
-    def __init__(self, engine, conn: Connection, locator: _ParentLocator):
+    def __init__(self, engine, conn: Connection, locator: _ParentLocator,
+                 output_interval: tuple[float, float | None] | None = None):
         self.engine, self.conn, self.locator = engine, conn, locator
+        self.output_interval = output_interval
         self.live: set[str] = set()  # admitted, unfinished
         self.prompt_unsent: set[str] = set()  # admitted, no output sent yet (the first delta carries the prompt)
+        self.textless: set[str] = set()  # admitted, no text sent yet (until then every delta goes out at once)
+        self.held: list[OutputDelta] = []  # deltas not sent yet
+        self.last_sent = 0.0
         self.failures = 0
         self.stopping = False
         self.trimmed = True
@@ -323,6 +337,8 @@ class _Core:
                     while not self.stopping and self.conn.poll():
                         self.apply(self.conn.recv())
                 elif not busy:
+                    if self.held:
+                        self.send_outputs()
                     self.conn.send(("stats", self.stats()))  # idle: the load averages decay
                     if not self.trimmed:
                         self.trimmed = release_free_heap()
@@ -349,10 +365,12 @@ class _Core:
                 return
             self.live.add(rid)
             self.prompt_unsent.add(rid)
+            self.textless.add(rid)
             self.conn.send(("admitted", rid, None))
         elif kind == "abort":
             self.live.discard(message[1])
             self.prompt_unsent.discard(message[1])
+            self.textless.discard(message[1])
             self.engine.abort_request(message[1])
         elif kind == "draft_at":
             self.locator.where = message[1]
@@ -369,6 +387,8 @@ class _Core:
             log.exception("engine step failed (%d in a row)", self.failures)
             failed, self.live = list(self.live), set()
             self.prompt_unsent -= set(failed)
+            self.textless -= set(failed)
+            self.held = []  # all of their requests' (a finished one's delta went out at once)
             for rid in failed:
                 try:
                     self.engine.abort_request(rid)
@@ -381,15 +401,30 @@ class _Core:
             return
         self.failures = 0
         self.trimmed = False
-        deltas = []
+        urgent = False
         for out in outputs:
-            first = out.request_id in self.prompt_unsent
+            rid = out.request_id
+            first = rid in self.prompt_unsent
             if first:
-                self.prompt_unsent.discard(out.request_id)
+                self.prompt_unsent.discard(rid)
+            if rid in self.textless:
+                urgent = True
+                if out.new_text:
+                    self.textless.discard(rid)
             if out.finished:
-                self.live.discard(out.request_id)
-            deltas.append(OutputDelta.of(out, first))
-        self.conn.send(("outputs", deltas, self.stats()))
+                self.live.discard(rid)
+                self.textless.discard(rid)
+                urgent = True
+            self.held.append(OutputDelta.of(out, first))
+        if urgent or self.output_interval is None or (
+                time.monotonic() - self.last_sent >= stream_interval_s(self.output_interval[0], len(self.live),
+                                                                   self.output_interval[1])):
+            self.send_outputs()
+
+    def send_outputs(self) -> None:
+        self.conn.send(("outputs", self.held, self.stats()))
+        self.held = []
+        self.last_sent = time.monotonic()
 
 
 if __name__ == "__main__":

@@ -72,6 +72,24 @@ def test_outputs_equal_the_in_process_engine(proc, config):
     assert stats["steps"] > 0 and stats["spec"]["draft_rounds"] > 0 and stats["in_flight"] == 0
 
 
+def test_held_outputs_arrive_whole_in_fewer_messages(config):
+    """With an output interval the child holds a step's deltas (not a request's first text, nor its end): the parent
+    reads a few messages instead of one per step, and rebuilds the same outputs."""
+    local = LLMEngine(config)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    want = reference(local, "Once upon a time", params)
+    p = EngineProcess(config, torch_threads=1, output_interval=(30.0, None))
+    try:
+        outs = asyncio.run(collect(p, "held", "Once upon a time", params))
+        steps = p.stats()["steps"]
+    finally:
+        p.shutdown()
+    assert outs[-1].finished and outs[-1].token_ids == want.token_ids and outs[-1].text == want.text
+    assert [t for o in outs for t in o.new_token_ids] == want.token_ids
+    # the deltas until the first text, then the last one with everything held since
+    assert p.output_messages <= 3 < steps
+
+
 def test_admission_errors_cancel_and_abort(proc):
     async def main():
         with pytest.raises(ValueError):
