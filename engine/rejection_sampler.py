@@ -12,6 +12,7 @@ distribution the draft was drawn from. The emitted tokens are then distributed e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -51,7 +52,9 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     emitted[i]. A sequence with a generator draws its k_i acceptance uniforms, then its sample's, from it."""
     device = logits.device
     k = [len(d) for d in drafts]
-    starts = [sum(k[:i]) + i for i in range(len(k))]
+    firsts = list(accumulate(k[:-1], initial=0))  # sequence i's first draft among all drafts
+    starts = [f + i for i, f in enumerate(firsts)]  # and its first verify row
+    k_dev = to_device(torch.tensor(k), device)
     row_params = [p for p, n in zip(params_list, k) for _ in range(n + 1)]
     row_gens = [g for g, n in zip(generators, k) for _ in range(n + 1)]
     p_t = target_probs(logits.float(), SamplingBatch.build(row_params, row_gens, device))
@@ -59,7 +62,6 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     draft_rows = to_device(torch.tensor([s + j for s, n in zip(starts, k) for j in range(n)]), device)
     p_d = [to_device(p, device).to(p_t.dtype) for p in draft_probs]
     pt = p_t[draft_rows, flat]
-    firsts = [sum(k[:i]) for i in range(len(k))]
     pd = torch.cat([p.gather(1, flat.narrow(0, f, n)[:, None])[:, 0] for p, f, n in zip(p_d, firsts, k)])
     u = torch.cat([torch.rand(n, device=device, generator=g if g is not None else default)
                    for n, g in zip(k, generators)])
@@ -67,13 +69,13 @@ def verify_random(logits: torch.Tensor, drafts: list[list[int]], draft_probs: li
     K = max(k)
     slot = to_device(torch.tensor([i * K + j for i, n in enumerate(k) for j in range(n)]), device)
     accepts = torch.ones(len(k) * K, dtype=torch.bool, device=device).index_put_((slot,), u * pd <= pt)
-    num_accepted = accepts.view(len(k), K).long().cumprod(1).sum(1).minimum(to_device(torch.tensor(k), device))
+    num_accepted = accepts.view(len(k), K).long().cumprod(1).sum(1).minimum(k_dev)
     # The next token: from the residual at the first rejected position, or a bonus sample of p_t after the last.
     next_row = to_device(torch.tensor(starts), device) + num_accepted
     p_t_next = p_t[next_row]
     p_d_next = torch.cat([p.index_select(0, a.clamp(max=p.shape[0] - 1)[None])
                           for p, a in zip(p_d, num_accepted.unbind())])
-    p_d_next.mul_((num_accepted < to_device(torch.tensor(k), device))[:, None])  # none after the last draft
+    p_d_next.mul_((num_accepted < k_dev)[:, None])  # none after the last draft
     dist = residual(p_t_next, p_d_next)
     dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, p_t_next)  # p_d = p_t up to rounding: nothing to correct
     return num_accepted, sample_from_probs(dist, generators, default)
