@@ -325,7 +325,8 @@ def compare_level(url: str, local: InProcess, prompts: list, c: int, n: int, max
                   level_time: float, rounds: int, slo: tuple[float, float]) -> dict:
     """One level over HTTP and in process, alternating for `rounds` rounds (order flipped every round) so that both
     sides of a ratio ran within seconds of each other on this shared machine; the ratio is the median of the
-    rounds' ratios. The HTTP side's CPU profile and the engine's mean step time come from the last round."""
+    rounds' ratios. The HTTP side's CPU profile comes from the last round; `rounds_detail` has each round's mean
+    engine step per side and the engine process's busy cores over HTTP."""
     http, inproc = [], []
     for r in range(rounds):
         for side in (("http", "local") if r % 2 == 0 else ("local", "http")):
@@ -355,6 +356,9 @@ def compare_level(url: str, local: InProcess, prompts: list, c: int, n: int, max
                                                     for (h, _), (x, _) in zip(http, inproc)),
         "step_ms": {"http": statistics.median(s["step_ms"] for s, _ in http),
                     "in_process": statistics.median(s["step_ms"] for s, _ in inproc)},
+        "rounds_detail": [{"step_ms_http": h["step_ms"], "step_ms_in_process": x["step_ms"],
+                           "engine_cores_http": h["cpu_profile"].get("engine process", {}).get("busy_cores")}
+                          for (h, _), (x, _) in zip(http, inproc)],
         # Greedy texts should match; bf16 batch effects can flip a near-tie, so this is reported, not asserted.
         "greedy_text_match": sum(texts_http[i] == texts_local[i] for i in common) / max(len(common), 1),
     }
