@@ -44,9 +44,9 @@ def http_proxy_env(http_proxy: HttpProxy, run_dir: str | None = None, drain_s: f
     """The environment that selects Serve's HTTP front, for the Ray processes of a cluster about to start.
 
     haproxy: HAProxy's files go under `run_dir` and its stats and metrics listen on free ports (Ray's defaults:
-    /tmp/haproxy-serve, ports 8404 and 9101, which two servers on one machine would share); `drain_s` is how long
-    a stopping replica keeps serving so that HAProxy can take it out first (Ray's default, 30 s, suits a load
-    balancer of its own in front; HAProxy on the same machine needs far less)."""
+    /tmp/haproxy-serve and fixed ports, which two servers on one machine would share). `drain_s` sets
+    RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S, how long a stopping replica keeps serving so that HAProxy can take
+    it out first: Ray's default suits a load balancer of its own in front; HAProxy beside the replicas needs less."""
     if http_proxy == "ray":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
     if http_proxy != "haproxy":

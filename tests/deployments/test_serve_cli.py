@@ -1,6 +1,6 @@
 """`dspark serve`: starts its own local Ray, prints the base URL when ready, answers OpenAI requests through the HTTP
-front asked for (HAProxy or Serve's Python proxy), and on SIGTERM shuts Serve and Ray down leaving no process behind. (The drafter runs in-process here: the actor mode is covered by
-test_serve.py and test_placement.py.)"""
+front asked for (HAProxy or Serve's Python proxy), and on SIGTERM shuts Serve and Ray down leaving no process
+behind. (The drafter runs in-process here: the actor mode is covered by test_serve.py and test_placement.py.)"""
 from __future__ import annotations
 
 import os
