@@ -32,10 +32,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="'default', a drafter folder, or 'none'")
     p.add_argument("--speculation", default=None,
                    help="off | fixed:K | threshold:C | adaptive, the last three optionally +lookup")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels: a greedy answer is the same whatever else is in the batch "
+                   "(CPU kernels only; see docs/design.md)")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, deterministic=args.deterministic,
               **({"drafter": args.drafter} if args.drafter else {}),
               **({"speculation": args.speculation} if args.speculation else {}))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -116,6 +119,7 @@ def serving_config(args: argparse.Namespace) -> LLMServingConfig:
     engine = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                           drafter=None if args.drafter in (None, "none") else args.drafter,
                           speculation=args.speculation, enable_prefix_caching=args.enable_prefix_caching,
+                          deterministic=args.deterministic,
                           **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
     drafter_mode = "none" if engine.drafter is None else args.drafter_mode
     defaults = {name: LLMServingConfig.model_fields[name].get_default(call_default_factory=True).model_dump()

@@ -77,16 +77,17 @@ class AttentionMetadata:
 
 
 def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_per_kv: int, device: torch.device,
-                   fused: bool, causal: bool = True) -> AttentionMetadata:
+                   fused: bool, causal: bool = True, small_query: int = SMALL_QUERY) -> AttentionMetadata:
     """seqs: (q_len, num_cached_before, block_table) per sequence, in packed order, short queries first.
     `fused`: build the small group for the CPU kernel rather than for SDPA. `causal=False` (all sequences go to the
-    small group): each segment's queries see all of its keys, as the drafter's block attends to itself."""
+    small group): each segment's queries see all of its keys, as the drafter's block attends to itself.
+    `small_query`: the longest query of the small group (DecoderLM.small_query)."""
     slots: list[int] = []
     for q_len, start, table in seqs:
         for pos in range(start, start + q_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
-    n_small = sum(1 for s in seqs if s[0] <= SMALL_QUERY) if causal else len(seqs)
-    assert all(s[0] <= SMALL_QUERY for s in seqs[:n_small]), "short queries must come first"
+    n_small = sum(1 for s in seqs if s[0] <= small_query) if causal else len(seqs)
+    assert all(s[0] <= small_query for s in seqs[:n_small]), "short queries must come first"
     small = seqs[:n_small]
     group = None
     if small:

@@ -145,7 +145,7 @@ class LLMEngine:
         self.max_model_len = max_len
 
         self.model = DecoderLM(hf_model, self.device, self.dtype, max_positions=max_len + 64,
-                               block_size=config.block_size)
+                               block_size=config.block_size, deterministic=config.deterministic)
         self.kv_cache = KVCache(num_layers, num_blocks, config.block_size, hf_cfg.num_key_value_heads, head_dim,
                                 self.dtype, self.device, k_layout=self.model.ops.key_layout(self.dtype))
         del hf_model

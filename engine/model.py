@@ -9,12 +9,14 @@ and GEMMs in the same order.
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata, KVCache, paged_attention
+from engine.attention import SMALL_QUERY, AttentionMetadata, KVCache, paged_attention
 from engine.ops import Ops, cpu_kernels
 
 # What runs a Linear (Linear.call_args), numbered as engine/csrc's LinearKernel, which decoder_layers reads.
@@ -44,24 +46,30 @@ class Linear:
     - fp32 whose values are Q8_0 values (an int8 times one fp16 scale per 32 values of a row: the default model's
       tied embedding and lm_head in its GGUF, and so the default drafter's draft-vocabulary lm_head): those int8s and
       scales, about a quarter of the bytes.
-    The row limits below are where each path stopped winning on the CPUs we measured; see docs/benchmarks.md."""
+    The row limits below are where each path stopped winning on the CPUs we measured; see docs/benchmarks.md.
+
+    `invariant=True` (the engine's deterministic mode) runs every row count through linear_small, whose rows each get
+    one reduction order whatever the number of rows: a row's result no longer depends on the batch it came in.
+    oneDNN's GEMM and linear_bf16 (vdpbf16ps pairs products) round differently from it, so neither runs then, and no
+    packed copy is kept."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32, bf16 and Q8_0
     SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: ahead of linear_bf16 at 1-2 rows, behind from 3
     BF16_ROWS = 32  # linear_bf16 up to here: ahead of oneDNN's bf16 GEMM below 32 rows, level at 32-48
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False):
         self.weight = weight
         self.bias = bias
         self.in_features = weight.shape[1]
+        self.invariant = invariant
         self._packed = None
         self._small = None
         self._small_weight = weight
         self._q8 = None
         self._widened, self._bias32 = False, None  # bf16 through oneDNN's fp32 GEMM over the widened weight
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
-        if cpu and torch.backends.mkldnn.is_available():
+        if cpu and torch.backends.mkldnn.is_available() and not invariant:
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
             except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
@@ -73,7 +81,8 @@ class Linear:
                     self._widened, self._bias32 = True, None if bias is None else bias.float()
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
         self._bf16 = None
-        if k is not None and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0 and k.has_linear_bf16():
+        if (k is not None and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0 and k.has_linear_bf16()
+                and not invariant):
             self._bf16 = k
         if k is not None and k.has_linear_small():
             self._small = k
@@ -85,7 +94,10 @@ class Linear:
                     self._q8, self._small_weight = q8, None
         if self._small is not None and self._small_weight is not None and self._small_weight.dtype == torch.bfloat16:
             self._small_weight = tile_bf16(self._small_weight)
-        if self._packed is not None and (self._small is None or self._small_weight is not weight):
+        if invariant and self._small is None:
+            raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with AVX2 + "
+                             "FMA or AVX-512, float32 or bfloat16, in_features a multiple of 16)")
+        if (self._packed is not None or invariant) and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
     def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
@@ -94,7 +106,7 @@ class Linear:
         if rows is not None:  # the kernels take contiguous rows only
             if self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
                 return LINEAR_BF16, self._small_weight, None, self.bias
-            if self._small is not None and rows <= self.SMALL_ROWS:
+            if self._small is not None and (rows <= self.SMALL_ROWS or self.invariant):
                 if self._q8 is not None:
                     return LINEAR_SMALL_Q8, *self._q8, self.bias
                 return LINEAR_SMALL, self._small_weight, None, self.bias
@@ -105,6 +117,8 @@ class Linear:
         return None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.invariant and (x.dim() != 2 or not x.is_contiguous()):
+            return self(x.reshape(-1, x.shape[-1]).contiguous()).view(*x.shape[:-1], -1)
         args = self.call_args(x.shape[0] if x.dim() == 2 and x.is_contiguous() else None, x.dtype)
         if args is None:
             return F.linear(x, self.weight, self.bias)
@@ -175,9 +189,15 @@ class Layer:
 
 
 class DecoderLM:
-    """Holds the target's weights on `device` in `dtype` and runs packed forwards over a paged KV cache."""
+    """Holds the target's weights on `device` in `dtype` and runs packed forwards over a paged KV cache.
 
-    def __init__(self, hf_model, device: torch.device, dtype: torch.dtype, max_positions: int, block_size: int = 16):
+    `deterministic=True`: batch-invariant, so a token's logits are the same bits whatever else the step holds (other
+    sequences, its own verify segment or prefill chunk). Every linear runs one kernel whatever the row count
+    (Linear's `invariant`), and every query, prefill chunks included, goes to the attention kernel, whose rows each
+    reduce in an order fixed by position (`small_query`). Needs the CPU kernels (engine/csrc)."""
+
+    def __init__(self, hf_model, device: torch.device, dtype: torch.dtype, max_positions: int, block_size: int = 16,
+                 deterministic: bool = False):
         cfg = hf_model.config
         self.config = cfg
         self.device, self.dtype = device, dtype
@@ -189,6 +209,14 @@ class DecoderLM:
         self.vocab_size = cfg.vocab_size
         self.ops = Ops(device, block_size, self.head_dim)
         self.eps = cfg.rms_norm_eps
+        self.deterministic = deterministic
+        if deterministic and (not self.ops.fused or dtype not in (torch.float32, torch.bfloat16)):
+            raise ValueError(
+                "deterministic=True needs the engine's CPU kernels (engine/csrc) and float32 or bfloat16: on "
+                f"{device} in {dtype} (DSPARK_KERNELS={os.environ.get('DSPARK_KERNELS', 'auto')}) the step runs "
+                "library kernels whose results depend on the batch")
+        # Queries of at most this many tokens a sequence go to the attention kernel; longer prefill chunks to SDPA.
+        self.small_query = sys.maxsize if deterministic else SMALL_QUERY
 
         def w(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.detach().to(device=device, dtype=dtype).contiguous()
@@ -203,19 +231,20 @@ class DecoderLM:
                 qkv_bias = w(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
             self.layers.append(Layer(
                 input_norm=w(layer.input_layernorm.weight),
-                qkv=Linear(w(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])), qkv_bias),
+                qkv=Linear(w(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])), qkv_bias,
+                           invariant=deterministic),
                 q_norm=w(attn.q_norm.weight) if hasattr(attn, "q_norm") else None,
                 k_norm=w(attn.k_norm.weight) if hasattr(attn, "k_norm") else None,
-                o=Linear(w(attn.o_proj.weight), w(attn.o_proj.bias)),
+                o=Linear(w(attn.o_proj.weight), w(attn.o_proj.bias), invariant=deterministic),
                 post_norm=w(layer.post_attention_layernorm.weight),
-                gate_up=Linear(w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
-                down=Linear(w(mlp.down_proj.weight)),
+                gate_up=Linear(w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), invariant=deterministic),
+                down=Linear(w(mlp.down_proj.weight), invariant=deterministic),
             ))
         self.scaling = base.layers[0].self_attn.scaling
         self.final_norm = w(base.norm.weight)
         lm_head = hf_model.get_output_embeddings().weight
         self.lm_head_weight = self.embed_tokens if lm_head is base.embed_tokens.weight else w(lm_head)
-        self.lm_head = Linear(self.lm_head_weight)
+        self.lm_head = Linear(self.lm_head_weight, invariant=deterministic)
         # RoPE tables from the model's own rotary module, so every rope_type it supports is honoured.
         with torch.no_grad():
             pos = torch.arange(max_positions)[None]

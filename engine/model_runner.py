@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import SMALL_QUERY, KVCache, build_metadata
+from engine.attention import KVCache, build_metadata
 from engine.device_io import to_device
 from engine.model import DecoderLM
 from engine.scheduler import ScheduledSeq
@@ -29,7 +29,7 @@ class ModelRunner:
 
     def execute(self, scheduled: list[ScheduledSeq]) -> ForwardOutput:
         # Short queries first: they share one batched attention call.
-        order = sorted(scheduled, key=lambda s: s.num_query_tokens > SMALL_QUERY)
+        order = sorted(scheduled, key=lambda s: s.num_query_tokens > self.model.small_query)
         ids: list[int] = []
         positions: list[int] = []
         meta_seqs = []
@@ -50,7 +50,7 @@ class ModelRunner:
                 rows.extend(range(end - n_rows, end))
         dev = self.device
         meta = build_metadata(meta_seqs, self.block_size, self.model.num_heads // self.model.num_kv_heads, dev,
-                              fused=self.model.ops.fused)
+                              fused=self.model.ops.fused, small_query=self.model.small_query)
         input_ids = to_device(torch.tensor(ids, dtype=torch.long), dev)
         pos = to_device(torch.tensor(positions, dtype=torch.long), dev)
         hidden, taps = self.model.forward(input_ids, pos, meta, self.kv_cache, self.tap_layers)

@@ -332,13 +332,25 @@ inline void softmax_rows(A* scores, const int64_t* limit, int64_t rows, int64_t 
     A m = sr[0];
     _Pragma("omp simd reduction(max : m)")
     for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
-    A sum = 0;
-    _Pragma("omp simd reduction(+ : sum)")
-    for (int64_t j = 0; j < n; ++j) {
-      sr[j] = exp_nonpos(sr[j] - m);
-      sum += sr[j];
+    // kLanes partial sums (key j into j mod kLanes) added in order: an order fixed by the row's length alone, so a
+    // position sums the same wherever its row sits. An `omp simd` reduction may split the loop by the address's
+    // alignment instead.
+    A part[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      _Pragma("omp simd")
+      for (int64_t l = 0; l < kLanes; ++l) {
+        sr[j + l] = exp_nonpos(sr[j + l] - m);
+        part[l] += sr[j + l];
+      }
     }
-    for (int64_t j = n; j < Lp; ++j) sr[j] = A(0);
+    for (int64_t l = 0; j + l < n; ++l) {
+      sr[j + l] = exp_nonpos(sr[j + l] - m);
+      part[l] += sr[j + l];
+    }
+    A sum = 0;
+    for (int64_t l = 0; l < kLanes; ++l) sum += part[l];
+    for (j = n; j < Lp; ++j) sr[j] = A(0);
     inv_sum[r] = A(1) / sum;
   }
 }
@@ -407,14 +419,16 @@ struct Vec {
 #if defined(DSPARK_REGISTER_BLOCKED)
 using vreg = Vec::reg;
 
-// Scores of R query rows against one block of keys, dst[r][j] = scale * sum_d q_r[d] K[d, j]; C chains per row
-// cover the latency of the dot products. K [D, BS] (transposed; bf16 widened on load), or for bf16 with paired keys
+// Scores of R query rows against one block of keys, dst[r][j] = scale * sum_d q_r[d] K[d, j]; C = 2 chains per row
+// (dims d = c mod C), summed in order: the same for every R, so a query row scores the same bits in any group (a
+// decode row, a verify segment, a prefill chunk). More chains for groups of 1-2 rows would cover latency better, but
+// a segment's rows would then score differently by where the groups of 4 split it. K [D, BS] (transposed; bf16 widened on load), or for bf16 with paired keys
 // K [D / 2, BS, 2], where one vdpbf16ps takes two dims of 16 keys straight from the cache (products of two bf16 are
 // exact in fp32).
 template <int R, typename T>
 inline void block_scores(const T* const* q, const T* kt, int64_t D, int64_t BS, bool paired, vreg vscale,
                          float* const* dst) {
-  constexpr int C = R <= 2 ? 4 : 2;
+  constexpr int C = 2;
   for (int64_t j0 = 0; j0 < BS; j0 += Vec::lanes) {
     vreg acc[R][C];
     for (int r = 0; r < R; ++r)
@@ -921,60 +935,75 @@ constexpr int64_t kQ8Block = 32;
 struct TiledBF16 {
   const c10::BFloat16* t;
 };
-inline int64_t tiled_offset(int64_t row, int64_t k, int64_t K) {
-  return (row / kTileRows) * kTileRows * K + (k / kTileCols) * (kTileRows * kTileCols) + (row % kTileRows) * kTileCols +
-         k % kTileCols;
-}
 
-// The weight vector at row `row`, columns k .. k + lanes, widened to fp32.
+// One weight row's vectors, widened to fp32: at(kt, kk) holds columns kt + kk .. + lanes, kt a multiple of
+// kTileCols and kk below it. rows_dot walks a row a run of kTileCols columns at a time from one base pointer (in the
+// tiled layout a row's runs are kTileRows * kTileCols apart), so a load needs no index arithmetic of its own.
+// prefetch(k) requests the cache line of column k into L2, not L1: faster on the AVX-512 host of linear_bf16's L2
+// requests (below), the same on AVX2 (a prefetch never faults, even past the end). Tiles are read in address order,
+// which the hardware prefetcher follows unaided (software prefetches there measured slower, into L1 and L2 alike).
 template <typename W>
-inline vreg weight_at(const W* w, int64_t row, int64_t k, int64_t K) { return Vec::load(w + row * K + k); }
-inline vreg weight_at(const Q8Weight* w, int64_t row, int64_t k, int64_t K) {
-  const int64_t off = row * K + k;
-  return Vec::mul(Vec::load(w->q + off), Vec::set1(w->d[off / kQ8Block]));
-}
-inline vreg weight_at(const TiledBF16* w, int64_t row, int64_t k, int64_t K) {
-  return Vec::load(w->t + tiled_offset(row, k, K));
-}
-
-// Prefetch the cache line of the weight at (row, k) (a prefetch never faults, even past the end) into L2, not L1:
-// faster on the AVX-512 host of linear_bf16's L2 requests (below), the same on AVX2. Tiles are read in address
-// order, which the hardware prefetcher follows unaided (software prefetches there measured slower, into L1 and L2
-// alike).
-template <typename W>
-inline void prefetch_at(const W* w, int64_t row, int64_t k, int64_t K) {
-  _mm_prefetch(reinterpret_cast<const char*>(w + row * K + k), _MM_HINT_T1);
-}
-inline void prefetch_at(const Q8Weight* w, int64_t row, int64_t k, int64_t K) {
-  _mm_prefetch(reinterpret_cast<const char*>(w->q + row * K + k), _MM_HINT_T1);
-}
-inline void prefetch_at(const TiledBF16*, int64_t, int64_t, int64_t) {}
-template <typename W>
-constexpr int64_t weight_bytes() { return sizeof(W); }
+struct WeightRow {
+  static constexpr int64_t bytes = sizeof(W);
+  const W* p;
+  WeightRow() = default;
+  WeightRow(const W* w, int64_t row, int64_t K) : p(w + row * K) {}
+  vreg at(int64_t kt, int64_t kk) const { return Vec::load(p + kt + kk); }
+  void prefetch(int64_t k) const { _mm_prefetch(reinterpret_cast<const char*>(p + k), _MM_HINT_T1); }
+};
 template <>
-constexpr int64_t weight_bytes<Q8Weight>() { return 1; }
+struct WeightRow<Q8Weight> {
+  static constexpr int64_t bytes = 1;
+  const int8_t* q;
+  const float* d;
+  WeightRow() = default;
+  WeightRow(const Q8Weight* w, int64_t row, int64_t K) : q(w->q + row * K), d(w->d + row * (K / kQ8Block)) {}
+  vreg at(int64_t kt, int64_t kk) const {
+    return Vec::mul(Vec::load(q + kt + kk), Vec::set1(d[(kt + kk) / kQ8Block]));
+  }
+  void prefetch(int64_t k) const { _mm_prefetch(reinterpret_cast<const char*>(q + k), _MM_HINT_T1); }
+};
 template <>
-constexpr int64_t weight_bytes<TiledBF16>() { return 2; }
+struct WeightRow<TiledBF16> {
+  static constexpr int64_t bytes = 2;
+  const c10::BFloat16* p;
+  WeightRow() = default;
+  WeightRow(const TiledBF16* w, int64_t row, int64_t K)
+      : p(w->t + (row / kTileRows) * kTileRows * K + (row % kTileRows) * kTileCols) {}
+  vreg at(int64_t kt, int64_t kk) const { return Vec::load(p + kt * kTileRows + kk); }
+  void prefetch(int64_t) const {}
+};
 
 // y[m, j0 .. j0 + NJ) for M rows of x against NJ weight rows: every weight vector is loaded once for all M rows, and
-// the M x NJ sums stay in registers over the whole of K, as independent FMA chains. Each cache line of the weight
-// rows two passes ahead is prefetched: NJ interleaved row streams of 1-3 KB each are too short for the hardware
-// prefetcher; with the prefetch, fp32 at 5-8 rows went from level with oneDNN to ahead of it.
+// the M x NJ sums stay in registers over the whole of K, as independent FMA chains. Lane l of a sum takes columns
+// l, l + lanes, l + 2 lanes, ... in order and the lanes are summed in order: one reduction order per output, whatever
+// M, NJ or the caller's blocking (linear_small's rows are batch-invariant). Each cache line of the weight rows two
+// passes ahead is prefetched: NJ interleaved row streams of 1-3 KB each are too short for the hardware prefetcher;
+// with the prefetch, fp32 at 5-8 rows went from level with oneDNN to ahead of it.
 template <int M, int NJ, typename T, typename W>
 inline void rows_dot(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0) {
+  using Row = WeightRow<W>;
   vreg acc[M][NJ];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::zero();
-  for (int64_t k = 0; k < K; k += Vec::lanes) {
+  Row wr[NJ], ahead[NJ];
+  for (int j = 0; j < NJ; ++j) wr[j] = Row(w, j0 + j, K), ahead[j] = Row(w, j0 + 2 * NJ + j, K);
+  auto step = [&](int64_t kt, int64_t kk) {
     vreg wv[NJ];
-    for (int j = 0; j < NJ; ++j) wv[j] = weight_at(w, j0 + j, k, K);
-    if (((k * weight_bytes<W>()) & 63) == 0)
-      for (int j = 0; j < NJ; ++j) prefetch_at(w, j0 + 2 * NJ + j, k, K);
+    for (int j = 0; j < NJ; ++j) wv[j] = wr[j].at(kt, kk);
+    if ((((kt + kk) * Row::bytes) & 63) == 0)
+      for (int j = 0; j < NJ; ++j) ahead[j].prefetch(kt + kk);
     for (int m = 0; m < M; ++m) {
-      const vreg xv = Vec::load(x + m * K + k);
+      const vreg xv = Vec::load(x + m * K + kt + kk);
       for (int j = 0; j < NJ; ++j) acc[m][j] = Vec::fma(xv, wv[j], acc[m][j]);
     }
+  };
+  int64_t kt = 0;
+  for (; kt + kTileCols <= K; kt += kTileCols) {
+#pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kTileCols; kk += Vec::lanes) step(kt, kk);
   }
+  for (; kt < K; kt += Vec::lanes) step(kt, 0);  // K = 16 mod 32: plain weights only (the others need K % 32 == 0)
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NJ; ++j)
       y[m * N + j0 + j] = st<T>(hsum(acc[m][j]) + (bias ? ld(bias[j0 + j]) : 0.0f));
@@ -1015,9 +1044,64 @@ void linear_rows(const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t
   }
 }
 
-// linear_rows for a row count known only at run time (1 to 8).
+// rows_dot over R (1 to 4) rows known only at run time, each with as many weight rows a pass as registers allow.
+template <typename T, typename W>
+inline void rows_dot_any(int64_t R, const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N, int64_t j0,
+                         int64_t j1) {
+  auto run = [&](auto r) {
+    constexpr int kR = decltype(r)::value, NJ = rows_per_pass<kR>();
+    int64_t j = j0;
+    for (; j + NJ <= j1; j += NJ) rows_dot<kR, NJ>(x, w, bias, y, K, N, j);
+    for (; j < j1; ++j) rows_dot<kR, 1>(x, w, bias, y, K, N, j);
+  };
+  switch (R) {
+    case 4: run(std::integral_constant<int, 4>()); break;
+    case 3: run(std::integral_constant<int, 3>()); break;
+    case 2: run(std::integral_constant<int, 2>()); break;
+    default: run(std::integral_constant<int, 1>()); break;
+  }
+}
+
+// More than 8 rows: the same dot products (so a row gets the same bits whatever M is), cache-blocked as a GEMM is: a
+// block of weight rows (the threads split these) comes from memory once and from cache for every group of 4 rows of
+// x, a block of x rows at a time. linear_rows streams the whole weight from memory for every 8 rows: memory-bound
+// from 16 rows on. A group takes as many weight rows a pass as the registers hold beside its accumulators.
+template <typename T, typename W>
+void linear_rows_blocked(int64_t M, const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N) {
+  constexpr int NJ = rows_per_pass<4>();  // 4 x NJ sums: more measured slower on AVX2 (registers spill)
+  constexpr int64_t kWeightRows = 32, kXRows = 64;
+  const int64_t chunks = (N + kWeightRows - 1) / kWeightRows;
+  for (int64_t m0 = 0; m0 < M; m0 += kXRows) {
+    const int64_t m1 = std::min(M, m0 + kXRows);
+    at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const int64_t j0 = c * kWeightRows, j1 = std::min(N, j0 + kWeightRows);
+        int64_t m = m0;
+        for (; m + 4 <= m1; m += 4) {
+          int64_t j = j0;
+          for (; j + NJ <= j1; j += NJ) rows_dot<4, NJ>(x + m * K, w, bias, y + m * N, K, N, j);
+          for (; j < j1; ++j) rows_dot<4, 1>(x + m * K, w, bias, y + m * N, K, N, j);
+        }
+        auto tail = [&](auto r) {  // the last 1-3 rows
+          constexpr int R = decltype(r)::value, NR = rows_per_pass<R>();
+          int64_t j = j0;
+          for (; j + NR <= j1; j += NR) rows_dot<R, NR>(x + m * K, w, bias, y + m * N, K, N, j);
+          for (; j < j1; ++j) rows_dot<R, 1>(x + m * K, w, bias, y + m * N, K, N, j);
+        };
+        switch (m1 - m) {
+          case 3: tail(std::integral_constant<int, 3>()); break;
+          case 2: tail(std::integral_constant<int, 2>()); break;
+          case 1: tail(std::integral_constant<int, 1>()); break;
+        }
+      }
+    });
+  }
+}
+
+// linear_rows for a row count known only at run time.
 template <typename T, typename W>
 void linear_rows_any(int64_t M, const T* x, const W* w, const T* bias, T* y, int64_t K, int64_t N) {
+  if (M > 8) return linear_rows_blocked(M, x, w, bias, y, K, N);
   switch (M) {
     case 1: linear_rows<1>(x, w, bias, y, K, N); break;
     case 2: linear_rows<2>(x, w, bias, y, K, N); break;
@@ -1032,11 +1116,12 @@ void linear_rows_any(int64_t M, const T* x, const W* w, const T* bias, T* y, int
 }  // namespace
 #endif
 
-// y = x w^T + b for a few rows of x (a decode step, a short verify segment, a draft block): x [M, K], w [N, K]
-// row-major, 1 <= M <= 8, K a multiple of 16, fp32 or bf16 (accumulated in fp32); w may be bf16 under fp32 x (widened
-// on load, exact: half the bytes for weights that bf16 holds exactly). Memory-bound at these sizes: the weights
-// stream once, split across the threads, each weight vector used for every row of x. Only where the register-blocked
-// code is built (has_linear_small).
+// y = x w^T + b, made for a few rows of x (a decode step, a short verify segment, a draft block): x [M, K], w [N, K]
+// row-major, K a multiple of 16, fp32 or bf16 (accumulated in fp32); w may be bf16 under fp32 x (widened
+// on load, exact: half the bytes for weights that bf16 holds exactly). Memory-bound up to 8 rows: the weights stream
+// once, split across the threads, each weight vector used for every row of x. Any number of rows is taken, each row
+// computed to the same bits whatever the others (engine.model.Linear's batch-invariant mode runs every row count
+// here). Only where the register-blocked code is built (has_linear_small).
 at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   check_rows(x, "x");
   const WeightShape ws = weight_shape(w, "linear_small");
@@ -1046,7 +1131,7 @@ at::Tensor linear_small(const at::Tensor& x, const at::Tensor& w, const c10::opt
   TORCH_CHECK(!bias || bias->scalar_type() == x.scalar_type(), "linear_small: bias must have x's dtype");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == ws.K && ws.K % 16 == 0,
               "linear_small: x [M, K] and w [N, K] with K a multiple of 16");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "linear_small: 1 to 8 rows");
+  TORCH_CHECK(x.size(0) >= 1, "linear_small: at least one row");
   const int64_t M = x.size(0), K = ws.K, N = ws.N;
   auto y = at::empty({M, N}, x.options());
 #if defined(DSPARK_REGISTER_BLOCKED)
@@ -1087,7 +1172,7 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1) && q.size(1) % kQ8Block == 0 &&
                   d.dim() == 2 && d.size(0) == q.size(0) && d.size(1) == q.size(1) / kQ8Block,
               "linear_small_q8: x [M, K], q [N, K], d [N, K / 32] with K a multiple of 32");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "linear_small_q8: 1 to 8 rows");
+  TORCH_CHECK(x.size(0) >= 1, "linear_small_q8: at least one row");
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   auto y = at::empty({M, N}, x.options());
 #if defined(DSPARK_REGISTER_BLOCKED)
