@@ -32,9 +32,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="'default', a drafter folder, or 'none'")
     p.add_argument("--speculation", default=None,
                    help="off | fixed:K | threshold:C | adaptive, the last three optionally +lookup")
-    p.add_argument("--deterministic", action="store_true",
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                    help="batch-invariant kernels: a greedy answer is the same whatever else is in the batch "
-                   "(CPU kernels only; see docs/design.md)")
+                   "(default: on wherever the CPU kernels run; see docs/design.md)")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

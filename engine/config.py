@@ -25,9 +25,10 @@ class EngineConfig(BaseModel):
                                         "already computed, as vLLM's automatic prefix caching")
     tap_layers: list[int] = Field(default_factory=list, description="decoder layers whose outputs are tapped")
     seed: int = 0
-    deterministic: bool = Field(False, description="batch-invariant kernels: a greedy answer is the same bits "
-                                "whatever else is in the batch, and speculation never changes it in any dtype "
-                                "(needs the CPU kernels; see docs/design.md)")
+    deterministic: bool | None = Field(None, description="batch-invariant kernels: a greedy answer is the same "
+                                       "bits whatever else is in the batch, and speculation never changes it in any "
+                                       "dtype. None: on wherever the CPU kernels run it (see docs/design.md); True: "
+                                       "an error elsewhere; False: off")
     # Speculative decoding (DSpark).
     drafter: str | None = Field(None, description="'default', a drafter folder, or None for no speculation")
     speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive (default with a "

@@ -20,7 +20,7 @@ from engine.attention import SMALL_QUERY, AttentionMetadata, KVCache, paged_atte
 from engine.ops import Ops, cpu_kernels
 
 # What runs a Linear (Linear.call_args), numbered as engine/csrc's LinearKernel, which decoder_layers reads.
-LINEAR_SMALL, LINEAR_SMALL_Q8, LINEAR_BF16, LINEAR_ONEDNN, LINEAR_ONEDNN_WIDENED = range(5)
+LINEAR_SMALL, LINEAR_SMALL_Q8, LINEAR_BF16, LINEAR_ONEDNN, LINEAR_ONEDNN_WIDENED, LINEAR_PANELS = range(6)
 
 
 class Linear:
@@ -48,21 +48,25 @@ class Linear:
       scales, about a quarter of the bytes.
     The row limits below are where each path stopped winning on the CPUs we measured; see docs/benchmarks.md.
 
-    `invariant=True` (the engine's deterministic mode) runs every row count through linear_small, whose rows each get
-    one reduction order whatever the number of rows: a row's result no longer depends on the batch it came in.
-    oneDNN's GEMM and linear_bf16 (vdpbf16ps pairs products) round differently from it, so neither runs then, and no
-    packed copy is kept."""
+    `invariant=True` (the engine's deterministic mode) runs every row count through `linear_panels`, which gives
+    every output one FMA chain over k in order whatever the number of rows: a row's result no longer depends on the
+    batch it came in. Its weight is held in panels of 16 outputs ([N / 16, K, 16], `panels`), in the fewest bytes
+    that hold its values exactly (bf16 or Q8_0, as above; the same bits from any of them); a Q8_0 weight also keeps
+    fp32 panels for more than PANEL_COMPACT_ROWS rows, where widening int8 costs more than the bytes it saves. No
+    oneDNN or linear_small copy is kept."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32, bf16 and Q8_0
     SMALL_BF16_ROWS = 2  # linear_small up to here in bf16 too: ahead of linear_bf16 at 1-2 rows, behind from 3
     BF16_ROWS = 32  # linear_bf16 up to here: ahead of oneDNN's bf16 GEMM below 32 rows, level at 32-48
+    PANEL_COMPACT_ROWS = 16  # invariant: Q8_0 panels up to here, fp32 panels above
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False):
         self.weight = weight
         self.bias = bias
-        self.in_features = weight.shape[1]
+        self.out_features, self.in_features = weight.shape
         self.invariant = invariant
+        self._panels = None  # invariant: (compact panels, their Q8_0 scales or None, fp32 panels or None, padded bias)
         self._packed = None
         self._small = None
         self._small_weight = weight
@@ -94,19 +98,40 @@ class Linear:
                     self._q8, self._small_weight = q8, None
         if self._small is not None and self._small_weight is not None and self._small_weight.dtype == torch.bfloat16:
             self._small_weight = tile_bf16(self._small_weight)
-        if invariant and self._small is None:
-            raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with AVX2 + "
-                             "FMA or AVX-512, float32 or bfloat16, in_features a multiple of 16)")
-        if (self._packed is not None or invariant) and (self._small is None or self._small_weight is not weight):
+        if invariant:
+            if self._small is None or weight.shape[1] % 32:
+                raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with "
+                                 "AVX2 + FMA or AVX-512, float32 or bfloat16, in_features a multiple of 32)")
+            self._panels = self._invariant_panels(weight, bias)
+            self._small, self._small_weight, self._q8, self.weight = None, None, None, None
+        if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
+
+    def _invariant_panels(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+        """(compact panels, Q8_0 scales or None, fp32 panels or None, bias padded to the panels' outputs)."""
+        self._kernels = cpu_kernels()
+        pad = -weight.shape[0] % 16
+        bias = None if bias is None else F.pad(bias, (0, pad))
+        if weight.dtype == torch.float32:
+            held = weight.to(torch.bfloat16)
+            if torch.equal(held.float(), weight):
+                return panels(held), None, None, bias
+            if (q8 := q8_exact(weight)) is not None:
+                return panels(q8[0]), panels(q8[1]), panels(weight), bias
+        return panels(weight), None, None, bias
 
     def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
         """(kind, weight, q8 scales, bias) of what runs x of `dtype`, `rows` contiguous rows (None: x is not that),
         kind one of the LINEAR_* below (engine/csrc's LinearKernel); None where F.linear does."""
+        if self._panels is not None:
+            compact, scales, fp32, bias = self._panels
+            if fp32 is not None and (rows is None or rows > self.PANEL_COMPACT_ROWS):
+                return LINEAR_PANELS, fp32, None, bias
+            return LINEAR_PANELS, compact, scales, bias
         if rows is not None:  # the kernels take contiguous rows only
             if self._bf16 is not None and dtype == torch.bfloat16 and self.SMALL_BF16_ROWS < rows <= self.BF16_ROWS:
                 return LINEAR_BF16, self._small_weight, None, self.bias
-            if self._small is not None and (rows <= self.SMALL_ROWS or self.invariant):
+            if self._small is not None and rows <= self.SMALL_ROWS:
                 if self._q8 is not None:
                     return LINEAR_SMALL_Q8, *self._q8, self.bias
                 return LINEAR_SMALL, self._small_weight, None, self.bias
@@ -123,6 +148,9 @@ class Linear:
         if args is None:
             return F.linear(x, self.weight, self.bias)
         kind, w, q8_scales, bias = args
+        if kind == LINEAR_PANELS:
+            y = self._kernels.linear_panels(x, w, q8_scales, bias)
+            return y if y.shape[1] == self.out_features else y[:, :self.out_features]
         if kind == LINEAR_BF16:
             return self._bf16.linear_bf16(x, w, bias)
         if kind == LINEAR_SMALL_Q8:
@@ -141,12 +169,33 @@ def layer_call_args(layers, rows: int, dtype: torch.dtype) -> tuple[list, list[i
     params, kinds = [], []
     for input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down in layers:
         linears = [lin.call_args(rows, dtype) for lin in (qkv, o, gate_up, down)]
-        if any(a is None for a in linears):
-            return None
+        if any(a is None for a in linears) or any(lin.invariant and lin.out_features % 16
+                                                  for lin in (qkv, o, gate_up, down)):
+            return None  # F.linear, or panels whose padded outputs the Python loop drops
         kinds += [a[0] for a in linears]
         params += [input_norm, *linears[0][1:], q_norm, k_norm, *linears[1][1:], post_norm, *linears[2][1:],
                    *linears[3][1:]]
     return params, kinds
+
+
+def invariance_unavailable(ops: Ops, dtype: torch.dtype, in_features: tuple[int, ...]) -> str | None:
+    """Why the batch-invariant kernels cannot run a model (None where they can): they are the CPU kernels' (Linear's
+    `invariant`, the paged attention kernel), in float32 or bfloat16, over widths that are multiples of 32."""
+    if not ops.fused or not ops.k.has_linear_small():
+        return (f"they are off or not built here (DSPARK_KERNELS={os.environ.get('DSPARK_KERNELS', 'auto')}, "
+                "a GPU, or a CPU without AVX2 + FMA)")
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"they run float32 and bfloat16, not {dtype}"
+    if any(k % 32 for k in in_features):
+        return f"the model's layer widths {in_features} are not all multiples of 32"
+    return None
+
+
+def panels(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] as engine/csrc's linear_panels reads it, [ceil(N / 16), K, 16]: 16 outputs' weights side by side at each
+    k, the last panel's missing outputs zero."""
+    N, K = weight.shape
+    return F.pad(weight, (0, 0, 0, -N % 16)).view(-1, 16, K).transpose(1, 2).contiguous()
 
 
 def tile_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -191,13 +240,14 @@ class Layer:
 class DecoderLM:
     """Holds the target's weights on `device` in `dtype` and runs packed forwards over a paged KV cache.
 
-    `deterministic=True`: batch-invariant, so a token's logits are the same bits whatever else the step holds (other
+    Deterministic (batch-invariant): a token's logits are the same bits whatever else the step holds (other
     sequences, its own verify segment or prefill chunk). Every linear runs one kernel whatever the row count
     (Linear's `invariant`), and every query, prefill chunks included, goes to the attention kernel, whose rows each
-    reduce in an order fixed by position (`small_query`). Needs the CPU kernels (engine/csrc)."""
+    reduce in an order fixed by position (`small_query`). It needs the CPU kernels (engine/csrc);
+    `deterministic=None` turns it on wherever they run, True insists (an error elsewhere), False turns it off."""
 
     def __init__(self, hf_model, device: torch.device, dtype: torch.dtype, max_positions: int, block_size: int = 16,
-                 deterministic: bool = False):
+                 deterministic: bool | None = None):
         cfg = hf_model.config
         self.config = cfg
         self.device, self.dtype = device, dtype
@@ -209,12 +259,13 @@ class DecoderLM:
         self.vocab_size = cfg.vocab_size
         self.ops = Ops(device, block_size, self.head_dim)
         self.eps = cfg.rms_norm_eps
+        widths = (cfg.hidden_size, self.num_heads * self.head_dim, cfg.intermediate_size)
+        why_not = invariance_unavailable(self.ops, dtype, widths)
+        if deterministic and why_not:
+            raise ValueError(f"deterministic=True needs the engine's CPU kernels: {why_not}, so the step would run "
+                             "library kernels whose results depend on the batch")
+        deterministic = not why_not if deterministic is None else deterministic
         self.deterministic = deterministic
-        if deterministic and (not self.ops.fused or dtype not in (torch.float32, torch.bfloat16)):
-            raise ValueError(
-                "deterministic=True needs the engine's CPU kernels (engine/csrc) and float32 or bfloat16: on "
-                f"{device} in {dtype} (DSPARK_KERNELS={os.environ.get('DSPARK_KERNELS', 'auto')}) the step runs "
-                "library kernels whose results depend on the batch")
         # Queries of at most this many tokens a sequence go to the attention kernel; longer prefill chunks to SDPA.
         self.small_query = sys.maxsize if deterministic else SMALL_QUERY
 

@@ -1184,6 +1184,142 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
   return y;
 }
 
+// The batch-invariant linear (engine.model.Linear(invariant=True)): y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 0],
+// w[n, 0], 0)) + bias[n], one FMA chain over k in order for every output, whatever M is or how the rows are grouped
+// (a GEMM's outer-product order, so no horizontal sums). The weight is held in panels of 16 outputs, [N / 16, K, 16]:
+// at each k the 16 outputs' weights lie side by side. A panel may hold fp32, bf16 (exact values widened on load) or
+// Q8_0 (int8 [N / 16, K, 16] and fp32 scales [N / 16, K / 32, 16], exact products): the same values in any of them
+// give the same bits, so the engine reads compact panels where memory binds (a few rows) and fp32 ones where FMAs do.
+#if defined(DSPARK_REGISTER_BLOCKED)
+namespace {
+constexpr int64_t kPanel = 16;
+constexpr int kPanelVecs = kPanel / Vec::lanes;
+
+template <typename W>
+struct PanelRef {  // fp32 or bf16 panels
+  const W* w;
+  int64_t K;
+  vreg at(int64_t p, int64_t k, int v) const { return Vec::load(w + (p * K + k) * kPanel + v * Vec::lanes); }
+};
+struct Q8Panels {
+  const int8_t* q;
+  const float* d;
+};
+template <>
+struct PanelRef<Q8Panels> {
+  Q8Panels w;
+  int64_t K;
+  vreg at(int64_t p, int64_t k, int v) const {
+    const int64_t off = (p * K + k) * kPanel + v * Vec::lanes;
+    return Vec::mul(Vec::load(w.q + off), Vec::load(w.d + (p * (K / kQ8Block) + k / kQ8Block) * kPanel + v * Vec::lanes));
+  }
+};
+
+// MR rows of x against P panels: MR x P * kPanelVecs accumulators in registers over the whole of K.
+template <int MR, int P, typename T, typename W>
+inline void panel_tile(const T* x, const PanelRef<W>& w, const T* bias, T* y, int64_t K, int64_t N, int64_t p0) {
+  constexpr int NV = P * kPanelVecs;
+  vreg acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int i = 0; i < NV; ++i) acc[m][i] = Vec::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    vreg wv[NV];
+    for (int i = 0; i < NV; ++i) wv[i] = w.at(p0 + i / kPanelVecs, k, i % kPanelVecs);
+    for (int m = 0; m < MR; ++m) {
+      const vreg xb = Vec::set1(ld(x[m * K + k]));
+      for (int i = 0; i < NV; ++i) acc[m][i] = Vec::fma(xb, wv[i], acc[m][i]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int i = 0; i < NV; ++i) {
+      const int64_t n = p0 * kPanel + i * Vec::lanes;
+      vreg out = acc[m][i];
+      if (bias) {
+        alignas(64) float b[Vec::lanes];
+        for (int64_t l = 0; l < Vec::lanes; ++l) b[l] = ld(bias[n + l]);
+        out = Vec::add(out, Vec::load(b));
+      }
+      Vec::store(y + m * N + n, out);
+    }
+}
+
+// Rows in groups as the registers allow: 6 rows a panel (12 accumulators on AVX2), fewer rows over more panels.
+template <typename T, typename W>
+void linear_panels_rows(int64_t M, const T* x, const PanelRef<W>& w, const T* bias, T* y, int64_t K, int64_t N) {
+  const int64_t panels = N / kPanel;
+  constexpr int64_t kChunk = 4;  // panels a work item: 4 x 16 outputs, read from memory once for every row group
+  at::parallel_for(0, (panels + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t p0 = c * kChunk, p1 = std::min(panels, p0 + kChunk);
+      auto rows = [&](auto mr, auto pp, int64_t m) {  // MR rows from m over panels p0 .. p1, PP at a time
+        constexpr int MR = decltype(mr)::value, PP = decltype(pp)::value;
+        int64_t p = p0;
+        for (; p + PP <= p1; p += PP) panel_tile<MR, PP>(x + m * K, w, bias, y + m * N, K, N, p);
+        for (; p < p1; ++p) panel_tile<MR, 1>(x + m * K, w, bias, y + m * N, K, N, p);
+      };
+      using I = std::integral_constant<int, 1>;
+      int64_t m = 0;
+      for (; M - m >= 6; m += 6) rows(std::integral_constant<int, 6>(), I(), m);
+      switch (M - m) {
+        case 5: rows(std::integral_constant<int, 5>(), I(), m); break;
+        case 4: rows(std::integral_constant<int, 4>(), I(), m); break;
+        case 3: rows(std::integral_constant<int, 3>(), I(), m); break;
+        case 2: rows(std::integral_constant<int, 2>(), std::integral_constant<int, 2>(), m); break;
+        case 1: rows(I(), std::integral_constant<int, kPanelVecs == 2 ? 3 : 4>(), m); break;
+      }
+    }
+  });
+}
+}  // namespace
+#endif
+
+// y = x w^T + b by the batch-invariant kernel above. x [M, K] fp32 or bf16; panels [N / 16, K, 16] fp32, bf16, or
+// int8 with q8_scales [N / 16, K / 32, 16] fp32; bias [N] in x's dtype. Returns [M, N].
+at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& q8_scales,
+                         const c10::optional<at::Tensor>& bias) {
+  check_rows(x, "x");
+  check_rows(panels, "panels");
+  TORCH_CHECK(x.dim() == 2 && panels.dim() == 3 && panels.size(1) == x.size(1) && panels.size(2) == 16,
+              "linear_panels: x [M, K] and panels [N / 16, K, 16]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_panels: x fp32 or bf16");
+  TORCH_CHECK(!bias || (bias->scalar_type() == x.scalar_type() && bias->numel() == panels.size(0) * 16),
+              "linear_panels: bias [N] in x's dtype");
+  const bool q8 = panels.scalar_type() == at::kChar;
+  TORCH_CHECK(!q8 || (q8_scales && q8_scales->scalar_type() == at::kFloat && x.size(1) % 32 == 0 &&
+                      q8_scales->numel() == panels.size(0) * (x.size(1) / 32) * 16),
+              "linear_panels: int8 panels need q8_scales [N / 16, K / 32, 16] fp32 and K a multiple of 32");
+  const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
+  if (x.scalar_type() == at::kBFloat16 && M > 8) {
+    // Widened once, x is broadcast from fp32 (a bf16 broadcast is a scalar load, shift and move for each row and k,
+    // which at many rows costs more than the FMAs). Exact: the same sums, rounded to bf16 once (nearest even) as
+    // below, so the same bits.
+    const auto b32 = bias ? c10::optional<at::Tensor>(bias->to(at::kFloat)) : c10::nullopt;
+    return linear_panels(x.to(at::kFloat), panels, q8_scales, b32).to(at::kBFloat16);
+  }
+  auto y = at::empty({M, N}, x.options());
+#if defined(DSPARK_REGISTER_BLOCKED)
+  auto run = [&](auto* xp, const auto& ref) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    linear_panels_rows(M, xp, ref, bias ? bias->data_ptr<T>() : nullptr, y.data_ptr<T>(), K, N);
+  };
+  auto run_x = [&](const auto& ref) {
+    if (x.scalar_type() == at::kBFloat16)
+      run(x.data_ptr<c10::BFloat16>(), ref);
+    else
+      run(x.data_ptr<float>(), ref);
+  };
+  if (q8)
+    run_x(PanelRef<Q8Panels>{{panels.data_ptr<int8_t>(), q8_scales->data_ptr<float>()}, K});
+  else if (panels.scalar_type() == at::kBFloat16)
+    run_x(PanelRef<c10::BFloat16>{panels.data_ptr<c10::BFloat16>(), K});
+  else
+    run_x(PanelRef<float>{panels.data_ptr<float>(), K});
+#else
+  TORCH_CHECK(false, "linear_panels needs AVX2 + FMA or AVX-512");
+#endif
+  return y;
+}
+
 #if defined(__AVX512BF16__)
 namespace {
 // y[m, j0 + j] = the lanes of acc[m][j] summed, plus the bias, rounded to bf16 once (the plain-layout kernel; the
@@ -1358,7 +1494,9 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, const c10::opti
 // What a Linear runs at a step's row count (engine/model.py: Linear.call_args, numbered as its LINEAR_*): a kernel
 // above, or oneDNN's GEMM over its prepacked weight (on x widened to fp32 and the result rounded back, where oneDNN
 // packs no bf16).
-enum LinearKernel : int64_t { kLinearSmall = 0, kLinearSmallQ8 = 1, kLinearBF16 = 2, kOneDNN = 3, kOneDNNWidened = 4 };
+enum LinearKernel : int64_t {
+  kLinearSmall = 0, kLinearSmallQ8 = 1, kLinearBF16 = 2, kOneDNN = 3, kOneDNNWidened = 4, kLinearPanels = 5
+};
 constexpr int64_t kLayerParams = 16;  // per layer in decoder_layers' params, in engine/model.py layer_call_args' order
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
@@ -1380,6 +1518,7 @@ at::Tensor run_linear(const at::Tensor& x, int64_t kind, const c10::optional<at:
     case kOneDNN: return onednn_linear(x, *w, bias);
     case kOneDNNWidened: return onednn_linear(x.to(at::kFloat), *w, bias).to(x.scalar_type());
     case kLinearSmall: return linear_small(x, *w, bias);
+    case kLinearPanels: return linear_panels(x, *w, q8_scales, bias);
   }
   TORCH_CHECK(false, "decoder_layers: linear kind ", kind, " is not built on this CPU");
 }
@@ -1435,6 +1574,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, release_gil());
   m.def("linear_small", &linear_small, release_gil());
   m.def("linear_small_q8", &linear_small_q8, release_gil());
+  m.def("linear_panels", &linear_panels, release_gil());
 #if defined(DSPARK_REGISTER_BLOCKED)
   m.def("has_linear_small", [] { return true; });
 #else

@@ -43,8 +43,12 @@ def test_a_linear_row_is_the_same_bits_for_1_to_96_rows(kind, with_bias):
     b = torch.randn(N, generator=gen).to(w.dtype) if with_bias and kind != "q8" else None
     x = torch.randn(96, K, generator=gen).to(dtype)
     lin = Linear(w, b, invariant=True)
-    assert (lin._q8 is not None) == (kind == "q8")
+    held = {"fp32": torch.float32, "bf16_exact_fp32": torch.bfloat16, "q8": torch.int8, "bf16": torch.bfloat16}
+    assert lin._panels[0].dtype == held[kind]  # the fewest bytes that hold the values exactly
     full = lin(x)
+    assert full.shape == (96, N) and full.dtype == dtype
+    torch.testing.assert_close(full.double(), x.double() @ w.double().T + (0 if b is None else b.double()),
+                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
     for m in range(1, 97):
         assert torch.equal(lin(x[:m].contiguous()), full[:m]), f"{m} rows"
     assert torch.equal(lin(x[5:6]), full[5:6])
@@ -138,8 +142,10 @@ def deterministic_engine():
 
     torch.set_num_threads(2)
     # A small token budget, so prompts prefill in chunks and those chunks share steps with decodes.
-    return LLMEngine(EngineConfig(dtype="float32", device="cpu", kv_cache_memory_gb=0.3, drafter="default",
-                                  max_num_batched_tokens=96, deterministic=True))
+    engine = LLMEngine(EngineConfig(dtype="float32", device="cpu", kv_cache_memory_gb=0.3, drafter="default",
+                                    max_num_batched_tokens=96))
+    assert engine.model.deterministic  # on by default where the CPU kernels run
+    return engine
 
 
 def test_greedy_answers_are_the_same_bits_alone_in_a_batch_of_64_joining_and_speculating(deterministic_engine):
@@ -167,11 +173,13 @@ def test_greedy_answers_are_the_same_bits_alone_in_a_batch_of_64_joining_and_spe
 
 def test_deterministic_mode_refuses_the_torch_path(monkeypatch):
     """Where the CPU kernels are off (DSPARK_KERNELS=torch, as on a GPU) the step would run library kernels whose
-    results depend on the batch: the engine says so instead of starting."""
+    results depend on the batch: asked for the mode, the engine says so instead of starting; by default it starts
+    without it."""
     import engine.ops
     from engine import EngineConfig, LLMEngine
 
     monkeypatch.setattr(engine.ops, "_kernels", None)
     monkeypatch.setattr(engine.ops, "_loaded", True)
-    with pytest.raises(ValueError, match="deterministic=True needs the engine's CPU kernels"):
+    with pytest.raises(ValueError, match="deterministic=True needs the engine's CPU kernels: they are off"):
         LLMEngine(EngineConfig(dtype="float32", device="cpu", kv_cache_memory_gb=0.1, deterministic=True))
+    assert not LLMEngine(EngineConfig(dtype="float32", device="cpu", kv_cache_memory_gb=0.1)).model.deterministic
