@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import paged_attention
-from engine.model import Linear, layer_call_args
+from engine.model import invariant_linear, layer_call_args
 from engine.ops import Ops, lowrank_chunks
 from engine.penalties import DraftPenalties, apply_penalties
 
@@ -70,6 +70,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def sigmoid_by_element(x: torch.Tensor) -> torch.Tensor:
+    """torch.sigmoid whose result for an element does not depend on where it sits: ATen's CPU loop runs all but the
+    last few elements (fewer than two vectors) through a vectorized sigmoid and those through a scalar one, which
+    rounds differently, so a confidence would change with the batch it came in. Padded to a multiple of 64, every
+    element takes the vectorized path."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    return torch.sigmoid(F.pad(flat, (0, -n % 64)))[:n].view_as(x)
+
+
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear whose matmul runs through the engine's Linear (oneDNN-prepacked on a bf16 CPU).
     The parameters stay registered under the same names, so checkpoints and state_dict() are unchanged."""
@@ -77,7 +87,7 @@ class PackedLinear(nn.Module):
     def __init__(self, lin: nn.Linear):
         super().__init__()
         self.weight, self.bias = lin.weight, lin.bias
-        self.fast = Linear(lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
+        self.fast = invariant_linear(lin.weight.detach(), None if lin.bias is None else lin.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fast(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
@@ -203,8 +213,8 @@ class DSparkDrafter(nn.Module):
         # (draft_service/calibrate.py); None = uncalibrated.
         self.conf_temperatures: torch.Tensor | None = None
         self._argmax = None  # a faster row argmax, set by optimize_for_inference
-        # (CPU kernels, W2^T packed by lowrank_chunks) for the Markov bias at small batch (add_lowrank_ per position,
-        # or the whole greedy loop in one markov_greedy call), set by optimize_for_inference
+        # (CPU kernels, W2^T packed by lowrank_chunks) for the Markov bias at every batch size (add_lowrank_ per
+        # position, or the whole greedy loop in one markov_greedy call), set by optimize_for_inference
         self._lowrank = None
         self._draft_columns = None  # (draft_vocab's identity, target id -> draft index or -1), for penalties
         self._ctx_kv = None  # engine.model.Linear over every layer's [k_proj; v_proj], set by optimize_for_inference
@@ -237,12 +247,12 @@ class DSparkDrafter(nn.Module):
         self._argmax = ops.argmax if ops.fused else None
         mh = self.markov_head
         if ops.fused and mh is not None and mh.kind == "vanilla":
-            # Markov bias at small batch through the fused low-rank kernels: W2^T packed in chunks, once.
+            # Markov bias through the fused low-rank kernels: W2^T packed in chunks, once.
             self._lowrank = (ops.k, lowrank_chunks(mh.markov_w2.weight.detach().t()))
 
         def fused(*lins: nn.Linear) -> Linear:
             bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
-            return Linear(torch.cat([lin.weight for lin in lins]).contiguous(), bias)
+            return invariant_linear(torch.cat([lin.weight for lin in lins]).contiguous(), bias)
 
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -254,7 +264,9 @@ class DSparkDrafter(nn.Module):
             # w . [h ; W1[x]] + b = w_h . h + (W1 w_e)[x] + b: the Markov half becomes one number per token.
             w = ch.proj.weight[0].to(self.prob_dtype)
             d = self.config.hidden_size
-            self._confidence = (w[:d], mh.markov_w1.weight.to(self.prob_dtype) @ w[d:], ch.proj.bias.to(self.prob_dtype))
+            # w_h . h as a [1, d] linear: batch-invariant where the kernels run (a matmul's order may follow B).
+            self._confidence = (invariant_linear(w[:d][None].contiguous()),
+                                mh.markov_w1.weight.to(self.prob_dtype) @ w[d:], ch.proj.bias.to(self.prob_dtype))
         packed_by_fusion = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
         for name, mod in list(self.named_modules()):
             leaf = name.rsplit(".", 1)[-1]
@@ -405,7 +417,9 @@ class DSparkDrafter(nn.Module):
             greedy = temperature <= 1e-5
             inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp_min(1e-5)).to(pdt)[:, None]
             probs = torch.empty(B, G, V, dtype=pdt, device=h.device)
-        lowrank = self._lowrank if (B <= 8 and pdt == torch.float32) else None
+        # The low-rank kernel at every batch size, though a GEMM would be a little faster from about 16 sequences:
+        # a row's Markov bias then does not depend on the batch it came in.
+        lowrank = self._lowrank if pdt == torch.float32 else None
         if lowrank is not None and not sampling:
             vocab = self.draft_vocab if self.draft_vocab is not None else anchor_ids.new_empty(0)
             local, prev_all = lowrank[0].markov_greedy(by_pos, self.markov_head.markov_w1.weight, lowrank[1],
@@ -446,7 +460,7 @@ class DSparkDrafter(nn.Module):
         if self.confidence_head is not None:
             if self._confidence is not None:
                 w_h, by_token, b = self._confidence
-                logit = h.to(pdt) @ w_h + by_token[prev_all] + b
+                logit = w_h(h.to(pdt).reshape(B * G, -1)).view(B, G) + by_token[prev_all] + b
             else:
                 feats = h
                 if self.config.confidence_head_with_markov:
@@ -454,7 +468,7 @@ class DSparkDrafter(nn.Module):
                 logit = self.confidence_head(feats).to(pdt)
             if self.conf_temperatures is not None:
                 logit = logit / self.conf_temperatures.to(device=logit.device, dtype=pdt)
-            conf = torch.sigmoid(logit)
+            conf = sigmoid_by_element(logit)
         return DraftProposal(tokens=tokens, probs=probs, token_probs=token_probs, confidence=conf,
                              draft_vocab=self.draft_vocab if probs_format == "compact" else None)
 

@@ -150,7 +150,7 @@ class Linear:
         kind, w, q8_scales, bias = args
         if kind == LINEAR_PANELS:
             y = self._kernels.linear_panels(x, w, q8_scales, bias)
-            return y if y.shape[1] == self.out_features else y[:, :self.out_features]
+            return y if y.shape[1] == self.out_features else y[:, :self.out_features].contiguous()
         if kind == LINEAR_BF16:
             return self._bf16.linear_bf16(x, w, bias)
         if kind == LINEAR_SMALL_Q8:
@@ -176,6 +176,14 @@ def layer_call_args(layers, rows: int, dtype: torch.dtype) -> tuple[list, list[i
         params += [input_norm, *linears[0][1:], q_norm, k_norm, *linears[1][1:], post_norm, *linears[2][1:],
                    *linears[3][1:]]
     return params, kinds
+
+
+def invariant_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    """A Linear over `weight`, batch-invariant where the kernels take it (the CPU kernels, float32 or bfloat16,
+    in_features a multiple of 32), since that kernel is also the faster one; a default Linear elsewhere."""
+    ok = (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and weight.shape[1] % 32 == 0
+          and cpu_kernels() is not None and cpu_kernels().has_linear_small())
+    return Linear(weight, bias, invariant=ok)
 
 
 def invariance_unavailable(ops: Ops, dtype: torch.dtype, in_features: tuple[int, ...]) -> str | None:

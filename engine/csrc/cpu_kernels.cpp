@@ -422,9 +422,9 @@ using vreg = Vec::reg;
 // Scores of R query rows against one block of keys, dst[r][j] = scale * sum_d q_r[d] K[d, j]; C = 2 chains per row
 // (dims d = c mod C), summed in order: the same for every R, so a query row scores the same bits in any group (a
 // decode row, a verify segment, a prefill chunk). More chains for groups of 1-2 rows would cover latency better, but
-// a segment's rows would then score differently by where the groups of 4 split it. K [D, BS] (transposed; bf16 widened on load), or for bf16 with paired keys
-// K [D / 2, BS, 2], where one vdpbf16ps takes two dims of 16 keys straight from the cache (products of two bf16 are
-// exact in fp32).
+// a segment's rows would then score differently by where the groups of 4 split it. K [D, BS] (transposed; bf16
+// widened on load), or for bf16 with paired keys K [D / 2, BS, 2], where one vdpbf16ps takes two dims of 16 keys
+// straight from the cache (products of two bf16 are exact in fp32).
 template <int R, typename T>
 inline void block_scores(const T* const* q, const T* kt, int64_t D, int64_t BS, bool paired, vreg vscale,
                          float* const* dst) {
@@ -1184,12 +1184,14 @@ at::Tensor linear_small_q8(const at::Tensor& x, const at::Tensor& q, const at::T
   return y;
 }
 
-// The batch-invariant linear (engine.model.Linear(invariant=True)): y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 0],
-// w[n, 0], 0)) + bias[n], one FMA chain over k in order for every output, whatever M is or how the rows are grouped
-// (a GEMM's outer-product order, so no horizontal sums). The weight is held in panels of 16 outputs, [N / 16, K, 16]:
-// at each k the 16 outputs' weights lie side by side. A panel may hold fp32, bf16 (exact values widened on load) or
-// Q8_0 (int8 [N / 16, K, 16] and fp32 scales [N / 16, K / 32, 16], exact products): the same values in any of them
-// give the same bits, so the engine reads compact panels where memory binds (a few rows) and fp32 ones where FMAs do.
+// The batch-invariant linear (engine.model.Linear(invariant=True)):
+// y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 0], w[n, 0], 0)) + bias[n], one FMA chain over k in order for
+// every output, whatever M is or how the rows are grouped (a GEMM's outer-product order, so no horizontal sums); a
+// platform changes the vector width (a panel is one zmm or two ymm), not the order. The weight is held in panels of
+// 16 outputs, [N / 16, K, 16]: at each k the 16 outputs' weights lie side by side. A panel may hold fp32, bf16
+// (exact values widened on load) or Q8_0 (int8 [N / 16, K, 16] and fp32 scales [N / 16, K / 32, 16], exact
+// products): the same values in any of them give the same bits, so the engine reads compact panels where memory
+// binds (a few rows) and fp32 ones where FMAs do.
 #if defined(DSPARK_REGISTER_BLOCKED)
 namespace {
 constexpr int64_t kPanel = 16;
@@ -1211,7 +1213,8 @@ struct PanelRef<Q8Panels> {
   int64_t K;
   vreg at(int64_t p, int64_t k, int v) const {
     const int64_t off = (p * K + k) * kPanel + v * Vec::lanes;
-    return Vec::mul(Vec::load(w.q + off), Vec::load(w.d + (p * (K / kQ8Block) + k / kQ8Block) * kPanel + v * Vec::lanes));
+    const float* d = w.d + (p * (K / kQ8Block) + k / kQ8Block) * kPanel + v * Vec::lanes;
+    return Vec::mul(Vec::load(w.q + off), Vec::load(d));
   }
 };
 

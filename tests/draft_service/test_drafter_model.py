@@ -714,3 +714,31 @@ def test_draft_service_carries_hints_and_names_its_ngram_sizes():
         toks, _, conf = ref_draft(weights(model), cfg, taps, torch.arange(6), 5, 6, block_tokens=block)
         assert step.tokens[row] == toks.tolist()
         torch.testing.assert_close(torch.tensor(step.confidences[row], dtype=F64), conf, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_drafts_are_the_same_bits_alone_or_in_any_batch(dtype, draft_vocab):
+    """Where the CPU kernels run the drafter batch-invariantly (issue 37), a sequence's drafts, p_d and confidences
+    do not depend on the batch it is proposed in: alone, in batches of 3 and of 12 (past the low-rank kernel's
+    4-row groups), greedy."""
+    from engine.ops import cpu_kernels
+
+    if cpu_kernels() is None or not cpu_kernels().has_linear_small():
+        pytest.skip("CPU kernels unavailable")
+    cfg = make_cfg(hidden_size=64, intermediate_size=128, head_dim=16)
+    vocab = torch.arange(0, cfg.vocab_size, 2) if draft_vocab else None
+    model = make_model(cfg, dtype=dtype, draft_vocab=vocab).optimize_for_inference()
+    pool = DraftContextPool(model, max_tokens=1024)
+    reqs = []
+    for i, n in enumerate([30, 3, 17, 5, 9, 12, 1, 40, 22, 8, 2, 15]):
+        h = pool.create_context()
+        pool.append(h, rand_taps(cfg, n, seed=70 + i, dtype=dtype), torch.arange(n))
+        reqs.append(DraftRequest(h, anchor_token=(5 * i) % 60, anchor_pos=n))
+    alone = [pool.propose([r]) for r in reqs]
+    for batch in (reqs[:3], reqs):
+        together = pool.propose(batch)
+        for b in range(len(batch)):
+            assert torch.equal(together.tokens[b], alone[b].tokens[0])
+            assert torch.equal(together.probs[b], alone[b].probs[0])
+            assert torch.equal(together.confidence[b], alone[b].confidence[0])

@@ -56,7 +56,8 @@ def test_a_linear_row_is_the_same_bits_for_1_to_96_rows(kind, with_bias):
     # The default mode switches kernels by row count (linear_small up to 8 rows, then oneDNN or F.linear). In bf16
     # the output's one rounding hides most such differences at a single layer (not over a model's 30).
     default = Linear(w, b)
-    assert dtype == torch.bfloat16 or not all(torch.equal(default(x[:m].contiguous()), default(x)[:m]) for m in (1, 4, 8, 9, 16, 64))
+    assert dtype == torch.bfloat16 or not all(torch.equal(default(x[:m].contiguous()), default(x)[:m])
+                                              for m in (1, 4, 8, 9, 16, 64))
 
 
 def _cache(dtype, lengths, H=6, Hkv=2, D=32, bs=16, seed=0):
