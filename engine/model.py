@@ -71,9 +71,17 @@ class Linear:
         self._small = None
         self._small_weight = weight
         self._q8 = None
+        self._bf16 = None
         self._widened, self._bias32 = False, None  # bf16 through oneDNN's fp32 GEMM over the widened weight
+        if invariant:
+            if not invariant_possible(weight):
+                raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with "
+                                 "AVX2 + FMA or AVX-512, float32 or bfloat16, in_features a multiple of 32)")
+            self._kernels, self._panels = cpu_kernels(), self._invariant_panels(weight, bias)
+            self.weight = self._small_weight = None
+            return
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
-        if cpu and torch.backends.mkldnn.is_available() and not invariant:
+        if cpu and torch.backends.mkldnn.is_available():
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
             except RuntimeError:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (not on AVX2-only CPUs)
@@ -84,9 +92,7 @@ class Linear:
                     self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), 64)
                     self._widened, self._bias32 = True, None if bias is None else bias.float()
         k = cpu_kernels() if cpu and weight.shape[1] % 16 == 0 else None
-        self._bf16 = None
-        if (k is not None and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0 and k.has_linear_bf16()
-                and not invariant):
+        if k is not None and weight.dtype == torch.bfloat16 and weight.shape[1] % 32 == 0 and k.has_linear_bf16():
             self._bf16 = k
         if k is not None and k.has_linear_small():
             self._small = k
@@ -98,18 +104,11 @@ class Linear:
                     self._q8, self._small_weight = q8, None
         if self._small is not None and self._small_weight is not None and self._small_weight.dtype == torch.bfloat16:
             self._small_weight = tile_bf16(self._small_weight)
-        if invariant:
-            if self._small is None or weight.shape[1] % 32:
-                raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with "
-                                 "AVX2 + FMA or AVX-512, float32 or bfloat16, in_features a multiple of 32)")
-            self._panels = self._invariant_panels(weight, bias)
-            self._small, self._small_weight, self._q8, self.weight = None, None, None, None
         if self._packed is not None and (self._small is None or self._small_weight is not weight):
             self.weight = None  # the packed copy is all that runs beside the kernel's; dropping the plain one saves RSS
 
     def _invariant_panels(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
         """(compact panels, Q8_0 scales or None, fp32 panels or None, bias padded to the panels' outputs)."""
-        self._kernels = cpu_kernels()
         pad = -weight.shape[0] % 16
         bias = None if bias is None else F.pad(bias, (0, pad))
         if weight.dtype == torch.float32:
@@ -181,9 +180,14 @@ def layer_call_args(layers, rows: int, dtype: torch.dtype) -> tuple[list, list[i
 def invariant_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
     """A Linear over `weight`, batch-invariant where the kernels take it (the CPU kernels, float32 or bfloat16,
     in_features a multiple of 32), since that kernel is also the faster one; a default Linear elsewhere."""
-    ok = (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and weight.shape[1] % 32 == 0
-          and cpu_kernels() is not None and cpu_kernels().has_linear_small())
-    return Linear(weight, bias, invariant=ok)
+    return Linear(weight, bias, invariant=invariant_possible(weight))
+
+
+def invariant_possible(weight: torch.Tensor) -> bool:
+    """Whether Linear(weight, invariant=True) can run: the CPU kernels, float32 or bfloat16, in_features % 32 == 0."""
+    k = cpu_kernels() if weight.device.type == "cpu" else None
+    return (k is not None and k.has_linear_small() and weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.shape[1] % 32 == 0)
 
 
 def invariance_unavailable(ops: Ops, dtype: torch.dtype, in_features: tuple[int, ...]) -> str | None:
