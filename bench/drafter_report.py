@@ -107,6 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--drafter", default="default")
     ap.add_argument("--cache", default=str(ROOT / "runs" / "default-drafter" / "cache" / "heldout"))
+    ap.add_argument("--name", default="drafter_report", help="writes bench/results/NAME.{json,png}")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -177,8 +178,8 @@ def main() -> None:
                                          for b in range(10) if (idx == b).any()]
         report[f"ece_pooled_{name}"] = ece(s, lab)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "drafter_report.json").write_text(json.dumps(report, indent=1))
-    plot(report, RESULTS / "drafter_report.png")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    plot(report, RESULTS / f"{args.name}.png")
     print(json.dumps({k: report[k] for k in ("tau", "prompt_lookup_tau", "drafter_vs_lookup", "accept_rate_by_pos",
                                              "conditional_accept_by_pos", "ece_pooled_before", "ece_pooled_after",
                                              "draft_round_ms", "draft_round_in_step_ms", "target_step_ms",

@@ -298,6 +298,20 @@ def lr_at(step: int, tc: TrainConfig) -> float:
     return tc.lr * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def export_checkpoint(target, ckpt_path: Path, out: Path, tap_layers: list[int],
+                      dtype: torch.dtype | None = torch.bfloat16) -> dict:
+    """Write a training checkpoint's drafter as a drafter folder (config.json + model.safetensors, cast to `dtype`),
+    so a run still going can give its drafter so far. Returns the step and the last held-out evaluation."""
+    state = torch.load(ckpt_path, weights_only=False)
+    model = build_drafter(target, TrainConfig(**state["train_config"]), tap_layers, state["draft_vocab"])
+    model.load_state_dict(state["model"], strict=False)  # the frozen embeddings and lm_head came from the target
+    model.save_pretrained(out, include_embeddings=False, dtype=dtype)
+    evals = [h for h in state["history"] if "eval_tau" in h]
+    last = evals[-1] if evals else {}
+    return {"step": state["step"], "heldout_tau": last.get("eval_tau"),
+            "heldout_accept_by_pos": last.get("eval_accept_by_pos"), "train_config": state["train_config"]}
+
+
 def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: TrainConfig,
           tap_layers: list[int], eos_ids: list[int], log=print, stop_after: int | None = None,
           follow: bool = False) -> DSparkDrafter:

@@ -7,6 +7,7 @@
     nice -n 19 python scripts/campaign.py train --folder runs/campaign --run hints1 \
         --init-from draft_service/weights/smollm2-135m-instruct --copy-hints 2 3  # warm start, with copy hints
     python scripts/campaign.py status --folder runs/campaign
+    python scripts/campaign.py export --folder runs/campaign --run hints1 --out runs/campaign/hints1-drafter
     python scripts/campaign.py snapshot --folder runs/campaign     # plan + shards -> data/campaign (to commit)
     python scripts/campaign.py restore --folder runs/campaign      # a new machine: data/campaign -> the folder
 """
@@ -117,6 +118,23 @@ def cmd_train(args) -> None:
           follow=args.follow)
 
 
+def cmd_export(args) -> None:
+    """A run's latest checkpoint as a drafter folder (bf16, as the default ships), with its training summary."""
+    from transformers import AutoModelForCausalLM
+
+    from draft_service.train import export_checkpoint
+    from engine.loader import resolve_model
+
+    folder, out = Path(args.folder), Path(args.out)
+    plan = json.loads((folder / "plan.json").read_text())
+    target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.float32).eval()
+    summary = export_checkpoint(target, folder / "train" / args.run / "checkpoint.pt", out, plan["tap_layers"])
+    answers = {split: len(Cache(folder / "cache" / split).samples) for split in ("heldout", "train")}
+    summary = {**summary, "tap_layers": plan["tap_layers"], "answers_cached": answers, "run": args.run}
+    (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: summary[k] for k in ("step", "heldout_tau", "answers_cached")}))
+
+
 def cmd_status(args) -> None:
     folder = Path(args.folder)
     for split in ("heldout", "train"):
@@ -155,7 +173,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--model", default=None, help="the target (default: the packaged SmolLM2-135M-Instruct)")
-    for name in ("generate", "featurize", "train", "status", "cut", "snapshot", "restore"):
+    for name in ("generate", "featurize", "train", "status", "cut", "snapshot", "restore", "export"):
         q = sub.add_parser(name)
         q.add_argument("--folder", required=True)
         q.add_argument("--threads", type=int, default=None)
@@ -173,6 +191,7 @@ def main() -> None:
                        help="train: reopen the training cache at each checkpoint (train while featurize still adds)")
         q.add_argument("--copy-hints", type=int, nargs=2, metavar=("MIN_N", "MAX_N"), default=None,
                        help="train with copy hints: prompt lookup's proposals over n-grams of MIN_N..MAX_N tokens")
+        q.add_argument("--out", default=None, help="export: the drafter folder to write")
     args = ap.parse_args()
     if args.cmd == "cut":
         for split in ("heldout", "train"):
@@ -183,7 +202,7 @@ def main() -> None:
         copy_durable(*((folder, SNAPSHOT) if args.cmd == "snapshot" else (SNAPSHOT, folder)))
         return
     {"plan": cmd_plan, "generate": cmd_generate, "featurize": cmd_featurize, "train": cmd_train,
-     "status": cmd_status}[args.cmd](args)
+     "status": cmd_status, "export": cmd_export}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from draft_service.calibrate import ece, fit_sts, survival
 from draft_service.data import Cache, CacheWriter, generate_cache
 from draft_service.model import DSparkDrafter
 from draft_service.train import (LOSS_WEIGHTS, TrainConfig, block_losses, build_drafter, evaluate, forward_blocks,
-                                 local_index, make_batch, train, warm_start)
+                                 export_checkpoint, local_index, make_batch, train, warm_start)
 from engine import EngineConfig, LLMEngine
 from engine.ngram import NgramIndex
 from tests.helpers import make_tiny_model
@@ -85,6 +85,13 @@ def test_training_lowers_loss_and_resumes_exactly(tiny_caches, tmp_path):
     run = folder / "resumed"
     cut = train(target, cache, heldout, run, tc, TAPS, [2], log=lambda *_: None, stop_after=20)
     assert not (run / "drafter").exists()
+    # The cut run's checkpoint, exported as a drafter folder, loads as the drafter the run had at that step.
+    summary = export_checkpoint(target, run / "checkpoint.pt", tmp_path / "exported", TAPS, dtype=None)
+    exported = DSparkDrafter.from_pretrained(tmp_path / "exported", target_embed=target.get_input_embeddings().weight,
+                                             target_lm_head=target.get_output_embeddings().weight)
+    assert summary["step"] == 20
+    for (name, a), b in zip(cut.state_dict().items(), exported.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     resumed = train(target, cache, heldout, run, tc, TAPS, [2], log=lambda *_: None)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
