@@ -757,7 +757,8 @@ def check_replica_kill(app: App, max_tokens: int = 2000, n_streams: int = 2, rec
         states = dict(serve.status().applications[app.name].deployments["LLMServer"].replica_states)
         return states if states == {"RUNNING": 1} else None
 
-    states = wait_until(replaced, 60, 0.5, "one running replica")
+    # The old replica may linger in STOPPING after the new one serves; on a loaded machine that took over a minute.
+    states = wait_until(replaced, recovery_timeout_s, 0.5, "one running replica")
     new_replica = stats(app)["replica"]
     if new_replica == old_replica:
         problems.append(f"the replica was not replaced: {states}")
