@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import nullcontext
 from pathlib import Path
 
 from deployments.config import LLMServingConfig
@@ -155,39 +155,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     started_serve = False
-    environment = ExitStack()
-    if not args.address:  # a cluster's own `ray start` environment decides its HTTP front (cluster.yaml)
-        environment.enter_context(serve_environment(args.http_proxy))
-    try:
-        # "local" always starts a fresh cluster owned by this process, which ray.shutdown() then stops.
-        local = {}
-        if not args.address:  # logical CPUs: enough for every replica's bundle even on a small machine
-            need = args.replicas * config.replica_bundle()["CPU"] + 1
-            local["num_cpus"] = args.num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
-        ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=args.verbose, **local)
-        signal.signal(signal.SIGTERM, stop)  # again: Ray's core worker installs its own SIGTERM handler
-        signal.signal(signal.SIGINT, stop)
-        serve.start(http_options={"host": args.host, "port": args.port})
-        started_serve = True
-        run_app(config, args.port, name=args.app_name, host=host)  # fails if another server shares the port
-        print(f"dspark: serving {config.model_name} at http://{host}:{args.port}/v1  (Ctrl-C to stop)", flush=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print("dspark: shutting down", file=sys.stderr, flush=True)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if ray.is_initialized():
-            try:
-                if started_serve and args.address:
-                    serve.delete(args.app_name)  # a shared cluster: remove only our app
-                elif started_serve:
-                    serve.shutdown()
-            finally:
-                ray.shutdown()
-        environment.close()
+    # A cluster's own `ray start` environment decides its HTTP front (cluster.yaml); locally, serve_environment does.
+    with nullcontext() if args.address else serve_environment(args.http_proxy):
+        try:
+            # "local" always starts a fresh cluster owned by this process, which ray.shutdown() then stops.
+            local = {}
+            if not args.address:  # logical CPUs: enough for every replica's bundle even on a small machine
+                need = args.replicas * config.replica_bundle()["CPU"] + 1
+                local["num_cpus"] = args.num_cpus or max(os.cpu_count() or 1, int(need + 0.999))
+            ray.init(address=args.address or "local", include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=args.verbose, **local)
+            signal.signal(signal.SIGTERM, stop)  # again: Ray's core worker installs its own SIGTERM handler
+            signal.signal(signal.SIGINT, stop)
+            serve.start(http_options={"host": args.host, "port": args.port})
+            started_serve = True
+            run_app(config, args.port, name=args.app_name, host=host)  # fails if another server shares the port
+            print(f"dspark: serving {config.model_name} at http://{host}:{args.port}/v1  (Ctrl-C to stop)", flush=True)
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("dspark: shutting down", file=sys.stderr, flush=True)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if ray.is_initialized():
+                try:
+                    if started_serve and args.address:
+                        serve.delete(args.app_name)  # a shared cluster: remove only our app
+                    elif started_serve:
+                        serve.shutdown()
+                finally:
+                    ray.shutdown()
     return 0
 
 
