@@ -37,9 +37,13 @@ class Curve:
     would make the next token look free.
 
     A step also reads the cached K/V of its sequences: `kv_coef` seconds (before the speed factor) per cached token,
-    the slope of a least-squares line through the residuals left by the token curve against the KV read, over
-    about the last 10 / alpha steps. It is never negative, and stays 0 while the KV read does not vary (a curve fed
-    no KV is the token curve alone); alpha 0 keeps the whole curve fixed."""
+    the least-squares slope of the residuals left by the token curve against the KV read, over about the last
+    10 / alpha steps, fitted within classes of steps of about the same size (powers of two of the tokens), each
+    about its own mean. Pooled over all steps, the slope confounded the KV with the step's size (prefill chunks read
+    no KV, decodes read all of it) and fed back through the point it was fitted against: a larger slope pulled the
+    1-token point down, which raised the decodes' residuals, which raised the slope, until the point went negative
+    and the factor ran away. It is never negative, and stays 0 while the KV read does not vary within a class (a
+    curve fed no KV is the token curve alone); alpha 0 keeps the whole curve fixed."""
 
     grid: list[int]
     seconds: list[float]
@@ -49,7 +53,8 @@ class Curve:
 
     def __post_init__(self) -> None:
         self.fitted = isotonic(self.seconds)
-        self.kv_sums = [0.0] * 5  # faded sums of weight, kv, residual, kv^2 and kv * residual
+        # per class of step size (tokens' bit length): faded sums of weight, kv, residual, kv^2 and kv * residual
+        self.kv_sums: dict[int, list[float]] = {}
 
     @staticmethod
     def _interpolate(g: list[int], s: list[float], x: float) -> float:
@@ -70,7 +75,7 @@ class Curve:
         shape = tokens_shape + self.kv_coef * kv
         if shape > 0:
             self.scale *= 1.0 + self.alpha * (seconds / (self.scale * shape) - 1.0)
-        self._fit_kv(kv, seconds / self.scale - tokens_shape)
+        self._fit_kv(int(x).bit_length(), kv, seconds / self.scale - tokens_shape)
         # the shape moves slower: most of a change is the machine's
         error = (seconds / self.scale - tokens_shape - self.kv_coef * kv) / 4
         if x <= g[0]:
@@ -85,14 +90,23 @@ class Curve:
             self.seconds[i] += self.alpha * weight * error
         self.fitted = isotonic(self.seconds)
 
-    def _fit_kv(self, kv: float, residual: float) -> None:
+    def _fit_kv(self, size_class: int, kv: float, residual: float) -> None:
         fade, w = 1.0 - self.alpha / 10, self.alpha  # weights proportional to alpha: alpha 0 learns nothing
+        sums = self.kv_sums.setdefault(size_class, [0.0] * 5)
+        for other in self.kv_sums.values():
+            for i in range(5):
+                other[i] *= fade
         for i, value in enumerate((1.0, kv, residual, kv * kv, kv * residual)):
-            self.kv_sums[i] = fade * self.kv_sums[i] + w * value
-        n, sx, sy, sxx, sxy = self.kv_sums
-        spread = n * sxx - sx * sx
-        if spread > 1e-2 * n * sxx:  # the KV read varies enough to tell its cost from the tokens'
-            self.kv_coef = max(0.0, (n * sxy - sx * sy) / spread)
+            sums[i] += w * value
+        # each class about its own means: sum over classes of the centred cross- and square sums
+        cov = var = total_sq = 0.0
+        for n, sx, sy, sxx, sxy in self.kv_sums.values():
+            if n > 0.0:
+                cov += sxy - sx * sy / n
+                var += sxx - sx * sx / n
+                total_sq += sxx
+        if var > 1e-2 * total_sq:  # the KV read varies enough within classes to tell its cost from the tokens'
+            self.kv_coef = max(0.0, cov / var)
 
 
 @dataclass
