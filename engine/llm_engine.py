@@ -415,7 +415,10 @@ class LLMEngine:
         if events:
             events[1].synchronize()  # already done: acceptance read the forward's results
             forward_seconds = events[0].elapsed_time(events[1]) / 1e3
-        if self.speculator is not None:
+        if self.speculator is not None and load.base_tokens == load.decoding:
+            # Decode and verify steps only, as the start-up sweep timed them. A prompt chunk is many queries of one
+            # sequence, attending to each other; at one stream its steps taught the speed factor their pace, and the
+            # 1-token point, seen every step, shrank to make up for it, leaving a 2-token step predicted at 4x.
             self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds, load.kv_tokens)
         counted_before = self.counters.prompt_tokens + self.counters.generation_tokens
         touched = []

@@ -32,7 +32,11 @@ class Curve:
     the two nearest grid points, shared by their interpolation weights (so a step of 100 tokens does not drag the
     point at 64 towards its own, longer, time). Without the factor, the points seen often (1 token at concurrency 1)
     track the machine while the rest keep the speed of whenever they were last seen, and the curve's slope, which is
-    what Algorithm 1 weighs, becomes a record of the machine's mood. Reads go through the least-squares
+    what Algorithm 1 weighs, becomes a record of the machine's mood. The first point (a 1-token step) stays as the
+    sweep timed it and the factor alone follows it: were both to learn from it, the split between them would be
+    free, and at one stream, where nearly every step is that point, it wandered (a factor of 643 over a point of
+    0.02 ms) until the other points, scaled up with the factor, made every verify look 4x too dear and none ran,
+    so none corrected them. Reads go through the least-squares
     non-decreasing fit of the points: more work never takes less time, and a noisy point below its left neighbour
     would make the next token look free.
 
@@ -87,7 +91,8 @@ class Curve:
             w = (x - g[i]) / (g[i + 1] - g[i])
             points = [(i, 1.0 - w), (i + 1, w)]
         for i, weight in points:
-            self.seconds[i] += self.alpha * weight * error
+            if i:  # the first point is the anchor: the speed factor carries its changes (see the docstring)
+                self.seconds[i] += self.alpha * weight * error
         self.fitted = isotonic(self.seconds)
 
     def _fit_kv(self, size_class: int, kv: float, residual: float) -> None:

@@ -65,7 +65,7 @@ def test_curve_reads_are_monotone_and_admission_ignores_a_noisy_dip():
     reads = [noisy.at(x) for x in range(1, 12)]
     assert all(a <= b for a, b in zip(reads, reads[1:])), reads
     assert noisy.seconds == [0.0317, 0.0246, 0.0323, 0.0312]  # the raw points still follow the data
-    for _ in range(200):
+    for _ in range(1000):  # the 1-token point is the anchor: the others learn their ratios to it, 30% here
         for x, t in ((1, 0.020), (2, 0.021), (4, 0.023), (8, 0.027)):
             noisy.observe(x, t)
     assert [round(noisy.at(x), 4) for x in (1, 2, 4, 8)] == [0.020, 0.021, 0.023, 0.027]
