@@ -41,13 +41,15 @@ class Curve:
     would make the next token look free.
 
     A step also reads the cached K/V of its sequences: `kv_coef` seconds (before the speed factor) per cached token,
-    the least-squares slope of the residuals left by the token curve against the KV read, over about the last
-    10 / alpha steps, fitted within classes of steps of about the same size (powers of two of the tokens), each
-    about its own mean. Pooled over all steps, the slope confounded the KV with the step's size (prefill chunks read
-    no KV, decodes read all of it) and fed back through the point it was fitted against: a larger slope pulled the
-    1-token point down, which raised the decodes' residuals, which raised the slope, until the point went negative
-    and the factor ran away. It is never negative, and stays 0 while the KV read does not vary within a class (a
-    curve fed no KV is the token curve alone); alpha 0 keeps the whole curve fixed."""
+    the least-squares slope of the measured seconds against the KV read, over about the last 10 / alpha steps,
+    within classes of steps of the same size (their tokens; powers of two above 16, where the token curve's
+    difference within the class is taken out), each about its own mean. The slope reads the measurements, not the
+    curve's own prediction: fitted to what the curve left over, it fed back through
+    the curve's own state (a larger slope pulled the 1-token point or the factor down, which raised the residuals
+    of the decodes, whose KV grows step by step, which raised the slope) until the curve predicted negative
+    seconds. Pooled over all sizes, it confounded the KV with the size (prefills read none, decodes all of it). It
+    is never negative, and stays 0 while the KV read does not vary within a class (a curve fed no KV is the token
+    curve alone); alpha 0 keeps the whole curve fixed."""
 
     grid: list[int]
     seconds: list[float]
@@ -79,7 +81,10 @@ class Curve:
         shape = tokens_shape + self.kv_coef * kv
         if shape > 0:
             self.scale *= 1.0 + self.alpha * (seconds / (self.scale * shape) - 1.0)
-        self._fit_kv(int(x).bit_length(), kv, seconds / self.scale - tokens_shape)
+        # the KV slope's classes: exact sizes up to 16 tokens, powers of two above, where the step's seconds are
+        # taken as at the class's first size (the token curve's difference, a small part of the step, taken out)
+        first = int(x) if x <= 16 else 1 << (int(x).bit_length() - 1)
+        self._fit_kv(first, kv, seconds - self.scale * (tokens_shape - self._interpolate(g, self.seconds, first)))
         # the shape moves slower: most of a change is the machine's
         error = (seconds / self.scale - tokens_shape - self.kv_coef * kv) / 4
         if x <= g[0]:
@@ -95,13 +100,13 @@ class Curve:
                 self.seconds[i] += self.alpha * weight * error
         self.fitted = isotonic(self.seconds)
 
-    def _fit_kv(self, size_class: int, kv: float, residual: float) -> None:
+    def _fit_kv(self, size_class: int, kv: float, seconds: float) -> None:
         fade, w = 1.0 - self.alpha / 10, self.alpha  # weights proportional to alpha: alpha 0 learns nothing
         sums = self.kv_sums.setdefault(size_class, [0.0] * 5)
         for other in self.kv_sums.values():
             for i in range(5):
                 other[i] *= fade
-        for i, value in enumerate((1.0, kv, residual, kv * kv, kv * residual)):
+        for i, value in enumerate((1.0, kv, seconds, kv * kv, kv * seconds)):
             sums[i] += w * value
         # each class about its own means: sum over classes of the centred cross- and square sums
         cov = var = total_sq = 0.0
@@ -111,7 +116,7 @@ class Curve:
                 var += sxx - sx * sx / n
                 total_sq += sxx
         if var > 1e-2 * total_sq:  # the KV read varies enough within classes to tell its cost from the tokens'
-            self.kv_coef = max(0.0, cov / var)
+            self.kv_coef = max(0.0, cov / var) / self.scale  # seconds per KV token now, in the curve's units
 
 
 @dataclass
