@@ -44,12 +44,12 @@ class Curve:
     the least-squares slope of the measured seconds against the KV read, over about the last 10 / alpha steps,
     within classes of steps of the same size (their tokens; powers of two above 16, where the token curve's
     difference within the class is taken out), each about its own mean. The slope reads the measurements, not the
-    curve's own prediction: fitted to what the curve left over, it fed back through
-    the curve's own state (a larger slope pulled the 1-token point or the factor down, which raised the residuals
-    of the decodes, whose KV grows step by step, which raised the slope) until the curve predicted negative
-    seconds. Pooled over all sizes, it confounded the KV with the size (prefills read none, decodes all of it). It
-    is never negative, and stays 0 while the KV read does not vary within a class (a curve fed no KV is the token
-    curve alone); alpha 0 keeps the whole curve fixed."""
+    curve's own prediction: fitted to what the curve left over, it fed back through the curve's own state (a larger
+    slope pulled the 1-token point or the factor down, which raised the residuals of the decodes, whose KV grows
+    step by step, which raised the slope) until the curve predicted negative seconds. Pooled over all sizes, it
+    confounded the KV with the size (prefills read none, decodes all of it). It is never negative, and stays 0
+    while the KV read does not vary within a class (a curve fed no KV is the token curve alone); alpha 0 keeps the
+    whole curve fixed."""
 
     grid: list[int]
     seconds: list[float]
@@ -59,7 +59,7 @@ class Curve:
 
     def __post_init__(self) -> None:
         self.fitted = isotonic(self.seconds)
-        # per class of step size (tokens' bit length): faded sums of weight, kv, residual, kv^2 and kv * residual
+        # per class of step size (its first size): faded sums of weight, kv, seconds, kv^2 and kv * seconds
         self.kv_sums: dict[int, list[float]] = {}
 
     @staticmethod
