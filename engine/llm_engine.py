@@ -418,7 +418,7 @@ class LLMEngine:
         if self.speculator is not None and load.base_tokens == load.decoding:
             # Decode and verify steps only, as the start-up sweep timed them. A prompt chunk is many queries of one
             # sequence, attending to each other; at one stream its steps taught the speed factor their pace, and the
-            # 1-token point, seen every step, shrank to make up for it, leaving a 2-token step predicted at 4x.
+            # 1-token point, seen every step, shrank to make up for it, leaving verify steps predicted far too dear.
             self.speculator.cost.forward.observe(sched.num_tokens, forward_seconds, load.kv_tokens)
         counted_before = self.counters.prompt_tokens + self.counters.generation_tokens
         touched = []

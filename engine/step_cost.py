@@ -34,9 +34,9 @@ class Curve:
     track the machine while the rest keep the speed of whenever they were last seen, and the curve's slope, which is
     what Algorithm 1 weighs, becomes a record of the machine's mood. The first point (a 1-token step) stays as the
     sweep timed it and the factor alone follows it: were both to learn from it, the split between them would be
-    free, and at one stream, where nearly every step is that point, it wandered (a factor of 643 over a point of
-    0.02 ms) until the other points, scaled up with the factor, made every verify look 4x too dear and none ran,
-    so none corrected them. Reads go through the least-squares
+    free, and at one stream, where nearly every step is that point, it wandered (the factor up by orders of
+    magnitude, the point down towards zero) until the other points, scaled up with the factor, made every verify
+    look far too dear and none ran, so none corrected them. Reads go through the least-squares
     non-decreasing fit of the points: more work never takes less time, and a noisy point below its left neighbour
     would make the next token look free.
 
