@@ -1,7 +1,8 @@
 """The short GPU check (issue 36): the engine's torch path on a GPU lent for a few minutes, on random-init targets of
 the default model's shape and of Qwen3-4B's (fewer layers by default), each with a DeepSpec-shaped drafter.
 
-1. Greedy equality in fp32, TF32 off: the engine on CPU against the engine on the GPU, and on the GPU plain against
+1. Greedy equality in fp32, TF32 off: the engine on CPU against the engine on the GPU (its default attention,
+   flex_attention, recorded as `attention`), on the GPU flex against SDPA over gathered blocks, and plain against
    speculation (fixed:3). Random weights make flat logits, so an answer may part at a near-tie: each first mismatch
    is checked against transformers' float64 forward on CPU, and only a gap above NEAR_TIE fails.
 2. A sampled smoke test (T=1, fixed:3, the default dtype): every request finishes, every token is in the
@@ -92,7 +93,22 @@ def make_drafter(folder: Path, target: Path) -> Path:
 
 
 def engine_for(target: Path, drafter: Path | None, device: str, dtype: str, speculation: str | None = None,
-               kv_gb: float = 1.0, max_num_seqs: int = 64):
+               kv_gb: float = 1.0, max_num_seqs: int = 64, attention: str = "auto"):
+    """`attention`: DSPARK_ATTENTION while the engine is built (on a GPU: auto is flex_attention; sdpa the fallback)."""
+    import os
+
+    previous = os.environ.get("DSPARK_ATTENTION")
+    os.environ["DSPARK_ATTENTION"] = attention
+    try:
+        return _engine(target, drafter, device, dtype, speculation, kv_gb, max_num_seqs)
+    finally:
+        if previous is None:
+            os.environ.pop("DSPARK_ATTENTION")
+        else:
+            os.environ["DSPARK_ATTENTION"] = previous
+
+
+def _engine(target, drafter, device, dtype, speculation, kv_gb, max_num_seqs):
     from draft_service.service import load_for_engine
     from engine import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -141,15 +157,18 @@ def check_equality(folder: Path, device: str, quick: bool) -> dict:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, shape["vocab_size"], (32,), generator=gen).tolist() for _ in range(6)]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
+    device_engine = engine_for(target, None, device, "float32", kv_gb=0.5)
     answers = {
         "cpu": generate(engine_for(target, None, "cpu", "float32", kv_gb=0.2), prompts, params),
-        "device": generate(engine_for(target, None, device, "float32", kv_gb=0.5), prompts, params),
+        "device": generate(device_engine, prompts, params),
+        "device_sdpa": generate(engine_for(target, None, device, "float32", kv_gb=0.5, attention="sdpa"), prompts,
+                                params),
         "device_fixed3": generate(engine_for(target, drafter, device, "float32", "fixed:3", kv_gb=0.5), prompts,
                                   params),
     }
-    result = {"prompts": len(prompts), "tokens": params.max_tokens}
+    result = {"prompts": len(prompts), "tokens": params.max_tokens, "attention": device_engine.model.ops.attention}
     ok = True
-    for a, b in (("cpu", "device"), ("device", "device_fixed3")):
+    for a, b in (("cpu", "device"), ("device", "device_sdpa"), ("device", "device_fixed3")):
         gaps = [first_gap(target, p, x, y) for p, x, y in zip(prompts, answers[a], answers[b])]
         parted = [g for g in gaps if g is not None]
         result[f"{a}_vs_{b}"] = {"identical": len(prompts) - len(parted), "parted": parted}
@@ -215,6 +234,7 @@ def profile_shape(name: str, folder: Path, device: str, layers: int | None, batc
     vocab = SHAPES[name]["vocab_size"]
     cost = engine.speculator.cost
     out = {"layers": engine.model.num_layers if hasattr(engine.model, "num_layers") else layers,
+           "attention": engine.model.ops.attention,
            "dtype": str(engine.dtype).removeprefix("torch."), "sps": cost.table(),
            "draft_round_ms": ({n: s * 1e3 for n, s in zip(cost.draft.grid, cost.draft.seconds)}
                               if cost.draft is not None else None),

@@ -64,9 +64,7 @@ class DraftContextPool:
         cfg = model.config
         self.model = model
         self.page_size = page_size
-        self.ops = Ops(model.device, page_size, cfg.head_dim)
-        if not kernels:
-            self.ops.k = None
+        self.ops = Ops(model.device, page_size, cfg.head_dim, kernels=kernels)
         self.page_bytes = KVCache.bytes_per_block(cfg.num_hidden_layers, page_size, cfg.num_key_value_heads,
                                                   cfg.head_dim, model.dtype)
         self.token_bytes = self.page_bytes // page_size
@@ -211,7 +209,8 @@ class DraftContextPool:
                 i += n
             meta = build_metadata([(G, c.length, t) for c, t in zip(ctxs, tables)], P,
                                   self.model.config.num_attention_heads // self.model.config.num_key_value_heads,
-                                  dev, fused=self.ops.fused, causal=False)
+                                  dev, backend=self.ops.attention, causal=False,
+                                  num_cache_blocks=self.cache.num_blocks)
             anchor_ids = to_device(torch.tensor([a for _, a, _ in which]), dev)
             anchor_pos = to_device(torch.tensor([p for _, _, p in which]), dev)
             hints = None

@@ -359,7 +359,8 @@ class DSparkDrafter(nn.Module):
         x = self.embed_tokens(self.block_input_ids(anchor_ids, hints)).view(B * G, -1)
         cos, sin = self.rope_full((anchor_pos[:, None] + torch.arange(G, device=anchor_pos.device)).view(-1))
         g = meta.small
-        if self._layer_args is not None and g.cu_q is not None and (args := self._layer_call_args(B * G)) is not None:
+        if (self._layer_args is not None and g is not None and g.cu_q is not None
+                and (args := self._layer_call_args(B * G)) is not None):
             # The loop below in one C++ call, as the target's decode step runs its layers (engine.model.DecoderLM)
             attn = self.layers[0].self_attn
             ops.k.decoder_layers(x, cos, sin, meta.slot_mapping, g.cu_q, g.ctx_len, g.block_tables, *args,

@@ -3,13 +3,18 @@
 Every scheduled sequence contributes q_len query tokens whose K/V are written into its cache blocks first; each query
 then attends to all of its sequence's cached tokens up to and including its own position.
 
-Sequences with short queries (decodes and verify segments) are attended together: on the CPU by a C++ kernel that
-reads the blocks in place (engine/csrc), elsewhere by one SDPA call over their gathered blocks, with the query heads
-that share a KV head folded into the query axis so grouped-query attention needs no K/V repeat. Longer prefill
-chunks are attended one by one with SDPA, causally.
+Three backends (`build_metadata(backend=...)`, chosen by engine.ops.Ops.attention):
+- "kernel" (the CPU): sequences with short queries (decodes and verify segments) are attended together by a C++
+  kernel that reads the blocks in place (engine/csrc); longer prefill chunks one by one with SDPA, causally.
+- "flex" (the GPU): every packed token in one `flex_attention` call over the whole cache seen as one long sequence,
+  read in place. A block mask lists, for each group of FLEX_Q_BLOCK packed tokens, the cache blocks its sequences
+  may read, and a mask_mod maps a physical key back to its sequence's position (docs/design.md, "Attention").
+- "sdpa" (the fallback): short queries by one SDPA call over their gathered blocks, with the query heads that share
+  a KV head folded into the query axis so grouped-query attention needs no K/V repeat; prefill chunks as above.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +23,8 @@ import torch.nn.functional as F
 from engine.device_io import to_device
 
 SMALL_QUERY = 16  # sequences with at most this many new tokens go to the batched path
+FLEX_Q_BLOCK = 16  # packed tokens per row of the flex block mask: a decode batch's rows share one list of blocks
+BACKENDS = ("kernel", "flex", "sdpa")
 
 
 class KVCache:
@@ -74,18 +81,29 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     k_transposed: bool  # K cache layout of the CPU kernel
     causal: bool = True  # False: every query of a segment sees all of its sequence's keys (the drafter's blocks)
+    flex: object | None = None  # the "flex" backend's BlockMask: then `small` is None and `prefills` empty
 
 
 def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_per_kv: int, device: torch.device,
-                   fused: bool, causal: bool = True, small_query: int = SMALL_QUERY) -> AttentionMetadata:
-    """seqs: (q_len, num_cached_before, block_table) per sequence, in packed order, short queries first.
-    `fused`: build the small group for the CPU kernel rather than for SDPA. `causal=False` (all sequences go to the
-    small group): each segment's queries see all of its keys, as the drafter's block attends to itself.
-    `small_query`: the longest query of the small group (DecoderLM.small_query)."""
+                   backend: str, causal: bool = True, small_query: int = SMALL_QUERY,
+                   num_cache_blocks: int | None = None) -> AttentionMetadata:
+    """seqs: (q_len, num_cached_before, block_table) per sequence, in packed order, short queries first (the "flex"
+    backend takes any order). `backend`: one of BACKENDS. `causal=False` (all sequences go to the small group):
+    each segment's queries see all of its keys, as the drafter's block attends to itself. `small_query`: the longest
+    query of the small group (DecoderLM.small_query). `num_cache_blocks`: the cache's size, which "flex" needs."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}: expected one of {BACKENDS}")
     slots: list[int] = []
     for q_len, start, table in seqs:
         for pos in range(start, start + q_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
+    if backend == "flex":
+        if num_cache_blocks is None:
+            raise ValueError("the flex backend needs num_cache_blocks")
+        mask = _flex_block_mask(seqs, block_size, num_cache_blocks, device, causal)
+        return AttentionMetadata(to_device(torch.tensor(slots, dtype=torch.long), device), None, [],
+                                 k_transposed=False, causal=causal, flex=mask)
+    fused = backend == "kernel"
     n_small = sum(1 for s in seqs if s[0] <= small_query) if causal else len(seqs)
     assert all(s[0] <= small_query for s in seqs[:n_small]), "short queries must come first"
     small = seqs[:n_small]
@@ -106,6 +124,101 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
     slot_mapping = to_device(torch.tensor(slots, dtype=torch.long), device)
     return AttentionMetadata(slot_mapping, group, prefills, k_transposed=fused,
                              causal=causal)
+
+
+def _flex_block_mask(seqs, block_size: int, num_cache_blocks: int, device: torch.device, causal: bool):
+    """The BlockMask of one flex_attention call over every packed token (T) and the whole cache seen as one sequence
+    of num_cache_blocks * block_size keys. Row r of the mask lists the cache blocks that tokens r * FLEX_Q_BLOCK ..
+    (r + 1) * FLEX_Q_BLOCK - 1 may read: the blocks of each sequence with tokens there, up to the block of the last
+    key those tokens see, each block once (prefix-cached blocks are shared). The mask_mod then keeps, for each token,
+    the keys of its own sequence up to its limit: a physical key's block is mapped back to its position in the
+    sequence through a [sequences, cache blocks] table scattered on the device from the block tables."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    doc: list[int] = []  # the sequence of each packed token
+    limit: list[int] = []  # the last position each token sees
+    spans = []  # (first token, last token + 1, table) per sequence
+    for i, (q_len, start, table) in enumerate(seqs):
+        spans.append((len(doc), len(doc) + q_len, table))
+        doc += [i] * q_len
+        limit += range(start, start + q_len) if causal else [start + q_len - 1] * q_len
+    T, Q = len(doc), FLEX_Q_BLOCK
+    rows: list[list[int]] = []
+    s = 0
+    for lo in range(0, T, Q):
+        hi = min(T, lo + Q)
+        while spans[s][1] <= lo:
+            s += 1
+        blocks: dict[int, None] = {}
+        j = s
+        while j < len(spans) and spans[j][0] < hi:
+            first, end, table = spans[j]
+            last_key = limit[min(end, hi) - 1]  # limits grow along a sequence's tokens
+            blocks.update(dict.fromkeys(table[: last_key // block_size + 1]))
+            j += 1
+        rows.append(list(blocks))
+    width = max(len(r) for r in rows)
+    kv_indices = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    kv_num_blocks = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    # [sequences, max blocks] padded with a spare column num_cache_blocks, which the scatter fills and we drop.
+    max_blocks = max(len(t) for _, _, t in spans)
+    tables = torch.tensor([t + [num_cache_blocks] * (max_blocks - len(t)) for _, _, t in spans], dtype=torch.long)
+    tables = to_device(tables, device)
+    logical = torch.arange(max_blocks, device=device).expand(len(spans), max_blocks)
+    to_logical = torch.full((len(spans), num_cache_blocks + 1), -1, dtype=torch.long, device=device)
+    to_logical = to_logical.scatter_(1, tables, logical)[:, :num_cache_blocks]
+    doc_t = to_device(torch.tensor(doc, dtype=torch.long), device)
+    limit_t = to_device(torch.tensor(limit, dtype=torch.long), device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        block = to_logical[doc_t[q_idx], kv_idx // block_size]
+        return (block >= 0) & (block * block_size + kv_idx % block_size <= limit_t[q_idx])
+
+    return BlockMask.from_kv_blocks(to_device(kv_num_blocks, device)[None, None],
+                                    to_device(kv_indices, device)[None, None], BLOCK_SIZE=(Q, block_size),
+                                    mask_mod=mask_mod, seq_lengths=(T, num_cache_blocks * block_size),
+                                    compute_q_blocks=False)
+
+
+@functools.cache
+def _flex_attention(compiled: bool):
+    """flex_attention, compiled for a GPU (eager, it would score every key of the cache); eager on the CPU, where
+    the "flex" backend runs only to test it against the others."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, fullgraph=True, dynamic=True) if compiled else flex_attention
+
+
+@functools.cache
+def flex_unavailable(device_type: str) -> str | None:
+    """Why the flex backend cannot run on this kind of device (None where it can): one small mixed batch through it
+    (compiled on a GPU) must match the SDPA path. Checked once per process; the engine falls back to SDPA."""
+    device = torch.device(device_type)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        bs, nblocks, H, Hkv, D = 16, 6, 4, 2, 16
+        k_cache, v_cache = (torch.randn(nblocks, bs, Hkv, D, generator=gen).to(device) for _ in range(2))
+        seqs = [(1, 20, [4, 1]), (3, 9, [0]), (20, 0, [2, 5])]  # a decode, a verify segment, a prefill
+        q = torch.randn(sum(n for n, _, _ in seqs), H, D, generator=gen).to(device)
+        flex = build_metadata(seqs, bs, H // Hkv, device, backend="flex", num_cache_blocks=nblocks)
+        sdpa = build_metadata(seqs, bs, H // Hkv, device, backend="sdpa")
+        got, want = (paged_attention(q, k_cache, v_cache, m, D ** -0.5) for m in (flex, sdpa))
+        if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+            return f"flex_attention disagrees with SDPA by {(got - want).abs().max().item():.3g}"
+    except Exception as exc:  # an old torch, no Triton, a kernel that does not build: SDPA still serves
+        return f"flex_attention failed: {exc!r}"
+    return None
+
+
+def _flex(q, k_cache, v_cache, block_mask, scale) -> torch.Tensor:
+    """q [T, H, D] against the plain cache [N, block_size, Hkv, D], viewed in place as [1, Hkv, N * block_size, D]."""
+    T, H, D = q.shape
+    N, bs, Hkv, _ = v_cache.shape
+    k = k_cache.view(1, N * bs, Hkv, D).transpose(1, 2)
+    v = v_cache.view(1, N * bs, Hkv, D).transpose(1, 2)
+    o = _flex_attention(q.is_cuda)(q.transpose(0, 1)[None], k, v, block_mask=block_mask, scale=scale,
+                                   enable_gqa=Hkv != H)
+    return o[0].transpose(0, 1).reshape(T, H * D)
 
 
 def _kernel_group(seqs, block_size, device) -> SmallGroup:
@@ -148,6 +261,8 @@ def _sdpa_group(seqs, block_size, q_per_kv, device, causal: bool = True) -> Smal
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, kernels=None) -> torch.Tensor:
     """q [T, H, D]; every token's K/V is already in the cache. Returns [T, H * D]."""
+    if meta.flex is not None:
+        return _flex(q, k_cache, v_cache, meta.flex, scale)
     T, H, D = q.shape
     Hkv = v_cache.shape[2]
     outs = []

@@ -196,6 +196,8 @@ def invariance_unavailable(ops: Ops, dtype: torch.dtype, in_features: tuple[int,
     if not ops.fused or not ops.k.has_linear_small():
         return (f"they are off or not built here (DSPARK_KERNELS={os.environ.get('DSPARK_KERNELS', 'auto')}, "
                 "a GPU, or a CPU without AVX2 + FMA)")
+    if ops.attention != "kernel":
+        return f"the paged attention is {ops.attention}, not the kernel (DSPARK_ATTENTION)"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"they run float32 and bfloat16, not {dtype}"
     if any(k % 32 for k in in_features):

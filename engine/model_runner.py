@@ -50,7 +50,8 @@ class ModelRunner:
                 rows.extend(range(end - n_rows, end))
         dev = self.device
         meta = build_metadata(meta_seqs, self.block_size, self.model.num_heads // self.model.num_kv_heads, dev,
-                              fused=self.model.ops.fused, small_query=self.model.small_query)
+                              backend=self.model.ops.attention, small_query=self.model.small_query,
+                              num_cache_blocks=self.kv_cache.num_blocks)
         input_ids = to_device(torch.tensor(ids, dtype=torch.long), dev)
         pos = to_device(torch.tensor(positions, dtype=torch.long), dev)
         hidden, taps = self.model.forward(input_ids, pos, meta, self.kv_cache, self.tap_layers)

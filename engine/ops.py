@@ -2,6 +2,8 @@
 
 The kernels are compiled on first use with torch's JIT extension builder and cached in TORCH_EXTENSIONS_DIR. Set
 DSPARK_KERNELS=torch to use the PyTorch versions everywhere (also the fallback when no compiler is present).
+DSPARK_ATTENTION=kernel|flex|sdpa picks the paged attention (engine/attention.py); by default the kernel where the
+CPU kernels run, flex_attention on a GPU, else SDPA over gathered blocks.
 """
 from __future__ import annotations
 
@@ -69,18 +71,39 @@ def lowrank_chunks(w2t: torch.Tensor) -> torch.Tensor:
 class Ops:
     """Picks an implementation once per engine: `Ops(device)`. Both implementations have the same semantics."""
 
-    def __init__(self, device: torch.device, block_size: int = 16, head_dim: int = 64):
+    def __init__(self, device: torch.device, block_size: int = 16, head_dim: int = 64, kernels: bool = True):
+        """`kernels=False`: the PyTorch ops even where the CPU kernels build."""
         # The attention kernel works on 16-wide register tiles of keys and head dims.
-        usable = device.type == "cpu" and block_size % 16 == 0 and head_dim % 16 == 0
+        usable = kernels and device.type == "cpu" and block_size % 16 == 0 and head_dim % 16 == 0
         self.k = cpu_kernels() if usable else None
+        self.attention = self._pick_attention(device, block_size)
 
     @property
     def fused(self) -> bool:
         return self.k is not None
 
+    def _pick_attention(self, device: torch.device, block_size: int) -> str:
+        """The paged attention backend (engine.attention.BACKENDS): DSPARK_ATTENTION where it can run, else the
+        kernel where the CPU kernels run, flex_attention on a GPU, SDPA elsewhere."""
+        choice = os.environ.get("DSPARK_ATTENTION", "auto")
+        if choice not in ("auto", "kernel", "flex", "sdpa"):
+            raise ValueError(f"DSPARK_ATTENTION={choice!r}: expected auto, kernel, flex or sdpa")
+        flex_ok = block_size % 16 == 0  # flex_attention's GPU kernels tile keys by at least 16
+        if choice == "flex" and flex_ok:
+            return "flex"
+        if choice in ("auto", "kernel") and self.k is not None:
+            return "kernel"
+        if choice == "auto" and flex_ok and device.type == "cuda":
+            from engine.attention import flex_unavailable
+
+            if (why := flex_unavailable(device.type)) is None:
+                return "flex"
+            log.warning("paged attention falls back to SDPA over gathered blocks: %s", why)
+        return "sdpa"
+
     def key_layout(self, dtype: torch.dtype) -> str:
         """The K cache layout the attention reads (engine.attention.KVCache)."""
-        if self.k is None:
+        if self.attention != "kernel":
             return "plain"
         return "paired" if dtype == torch.bfloat16 and self.k.paired_keys() else "transposed"
 
@@ -110,7 +133,7 @@ class Ops:
 
     def rope_and_cache(self, qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads, q_norm, k_norm, eps):
         """Returns q [T, H, D] after the optional q/k norm and RoPE; writes k and v into the caches."""
-        if self.k is not None:
+        if self.k is not None and self.attention == "kernel":  # the kernel writes K in the kernel's layouts
             return self.k.rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads,
                                          q_norm, k_norm, eps)
         T, D = qkv.shape[0], k_cache.shape[-1]

@@ -87,7 +87,7 @@ def test_an_attention_row_is_the_same_bits_as_decode_verify_prefill_or_in_a_batc
     k = cpu_kernels()
 
     def attend(segments, queries):  # segments: (q_len, cached before, table), queries in packed order
-        meta = build_metadata(segments, bs, 3, torch.device("cpu"), fused=True, small_query=sys.maxsize)
+        meta = build_metadata(segments, bs, 3, torch.device("cpu"), backend="kernel", small_query=sys.maxsize)
         return paged_attention(queries, kc, vc, meta, 0.17, k)
 
     prefill = attend([(40, 30, table)], q)

@@ -61,8 +61,7 @@ def test_rope_and_cache_matches_torch_path(dtype, qk_norm):
     cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     slots = torch.tensor(random.Random(0).sample(range(nblocks * bs), T))
     qn, kn = (torch.randn(D, dtype=dtype), torch.randn(D, dtype=dtype)) if qk_norm else (None, None)
-    fused, plain = Ops(torch.device("cpu")), Ops(torch.device("cpu"))
-    plain.k = None
+    fused, plain = Ops(torch.device("cpu")), Ops(torch.device("cpu"), kernels=False)
     kc_t, vc = torch.zeros(nblocks, Hkv, D, bs, dtype=dtype), torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
     kc_ref, vc_ref = torch.zeros(nblocks, bs, Hkv, D, dtype=dtype), torch.zeros(nblocks, bs, Hkv, D, dtype=dtype)
     q = fused.rope_and_cache(qkv, cos, sin, slots, kc_t, vc, H, Hkv, qn, kn, 1e-6)
@@ -126,7 +125,7 @@ def test_paged_attention_mixed_batch(dtype, layout):
         keys.append(k)
         values.append(v)
     meta = build_metadata([(n, L - n, t) for (n, L), t in zip(specs, tables)], bs, H // Hkv, torch.device("cpu"),
-                          fused=fused)
+                          backend="kernel" if fused else "sdpa")
     T = sum(n for n, _ in specs)
     q = torch.randn(T, H, D, dtype=dtype)
     out = paged_attention(q, kc, vc, meta, 0.3, cpu_kernels())
