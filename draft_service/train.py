@@ -314,10 +314,12 @@ def export_checkpoint(target, ckpt_path: Path, out: Path, tap_layers: list[int],
 
 def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: TrainConfig,
           tap_layers: list[int], eos_ids: list[int], log=print, stop_after: int | None = None,
-          follow: bool = False) -> DSparkDrafter:
+          follow: bool = False, start_step: int = 0) -> DSparkDrafter:
     """Train (or resume) a drafter into `out`. Checkpoints go to out/checkpoint.pt; the result to out/drafter.
     `stop_after`: checkpoint and return after this many steps (a run cut short, to be resumed). `follow`: reopen
-    the training cache at every checkpoint, so a run can start while another process still adds answers to it."""
+    the training cache at every checkpoint, so a run can start while another process still adds answers to it.
+    `start_step`: where a warm start (`tc.init_from`) from a run's weights-only snapshot goes on: the step count and
+    so the learning-rate schedule carry over, the optimizer's moments start afresh."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
@@ -341,8 +343,8 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
     to_local = local_index(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    step, history = 0, []
-    rng = random.Random(tc.seed)
+    step, history = (0, []) if state is not None or not tc.init_from else (start_step, [])
+    rng = random.Random(tc.seed + step)  # a resumed snapshot draws other samples than the steps it already took
     if state is not None:
         model.load_state_dict(state["model"], strict=False)
         opt.load_state_dict(state["optimizer"])

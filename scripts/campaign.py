@@ -9,7 +9,11 @@
     python scripts/campaign.py status --folder runs/campaign
     python scripts/campaign.py export --folder runs/campaign --run hints1 --out runs/campaign/hints1-drafter
     python scripts/campaign.py snapshot --folder runs/campaign     # plan + shards -> data/campaign (to commit)
+    python scripts/campaign.py snapshot --folder runs/campaign --run hints1   # and the run's weights (bf16, to commit)
     python scripts/campaign.py restore --folder runs/campaign      # a new machine: data/campaign -> the folder
+
+A run whose folder is gone (a new machine) goes on from its committed weights-only snapshot, data/campaign/runs/RUN:
+`train --run RUN` finds it there, keeps its step count and learning-rate schedule, and starts the optimizer afresh.
 """
 from __future__ import annotations
 
@@ -110,27 +114,36 @@ def cmd_train(args) -> None:
         torch.set_num_threads(args.threads)
     target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.float32).eval()
     eos = target.generation_config.eos_token_id
+    init_from, start_step = args.init_from, 0
+    snapshot = SNAPSHOT / "runs" / args.run
+    if not (folder / "train" / args.run / "checkpoint.pt").exists() and (snapshot / "model.safetensors").exists():
+        start_step = json.loads((snapshot / "training_summary.json").read_text())["step"]
+        init_from = str(snapshot)
+        log.info("run %s: no checkpoint here; going on from its snapshot at step %d", args.run, start_step)
     tc = TrainConfig(layers=args.layers, steps=args.steps, lr=args.lr, draft_vocab_size=args.draft_vocab,
-                     init_from=args.init_from, mask_token_id=16, eval_every=args.eval_every,
+                     init_from=init_from, mask_token_id=16, eval_every=args.eval_every,
                      checkpoint_every=args.eval_every, copy_hint_ngram=args.copy_hints)
     train(target, Cache(folder / "cache" / "train"), Cache(folder / "cache" / "heldout"), folder / "train" / args.run,
           tc, plan["tap_layers"], eos if isinstance(eos, list) else [eos], log=log.info, stop_after=args.stop_after,
-          follow=args.follow)
+          follow=args.follow, start_step=start_step)
 
 
 def cmd_export(args) -> None:
     """A run's latest checkpoint as a drafter folder (bf16, as the default ships), with its training summary."""
+    export_run(Path(args.folder), args.run, Path(args.out))
+
+
+def export_run(folder: Path, run: str, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from draft_service.train import export_checkpoint
     from engine.loader import resolve_model
 
-    folder, out = Path(args.folder), Path(args.out)
     plan = json.loads((folder / "plan.json").read_text())
     target = AutoModelForCausalLM.from_pretrained(resolve_model(plan["model"]), dtype=torch.float32).eval()
-    summary = export_checkpoint(target, folder / "train" / args.run / "checkpoint.pt", out, plan["tap_layers"])
+    summary = export_checkpoint(target, folder / "train" / run / "checkpoint.pt", out, plan["tap_layers"])
     answers = {split: len(Cache(folder / "cache" / split).samples) for split in ("heldout", "train")}
-    summary = {**summary, "tap_layers": plan["tap_layers"], "answers_cached": answers, "run": args.run}
+    summary = {**summary, "tap_layers": plan["tap_layers"], "answers_cached": answers, "run": run}
     (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("step", "heldout_tau", "answers_cached")}))
 
@@ -179,7 +192,7 @@ def main() -> None:
         q.add_argument("--threads", type=int, default=None)
         q.add_argument("--dtype", default="auto", help="featurize: the target's dtype (auto: the engine's choice)")
         q.add_argument("--batch", type=int, default=64)
-        q.add_argument("--run", default="main")
+        q.add_argument("--run", default=None, help="train/export: the run (default main); snapshot: add its weights")
         q.add_argument("--steps", type=int, default=6000)
         q.add_argument("--stop-after", type=int, default=None)
         q.add_argument("--layers", type=int, default=2)
@@ -200,7 +213,11 @@ def main() -> None:
     if args.cmd in ("snapshot", "restore"):
         folder = Path(args.folder)
         copy_durable(*((folder, SNAPSHOT) if args.cmd == "snapshot" else (SNAPSHOT, folder)))
+        if args.cmd == "snapshot" and args.run:
+            export_run(folder, args.run, SNAPSHOT / "runs" / args.run)
         return
+    if args.cmd in ("train", "export"):
+        args.run = args.run or "main"
     {"plan": cmd_plan, "generate": cmd_generate, "featurize": cmd_featurize, "train": cmd_train,
      "status": cmd_status, "export": cmd_export}[args.cmd](args)
 

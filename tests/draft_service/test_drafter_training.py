@@ -13,7 +13,7 @@ from draft_service.calibrate import ece, fit_sts, survival
 from draft_service.data import Cache, CacheWriter, generate_cache
 from draft_service.model import DSparkDrafter
 from draft_service.train import (LOSS_WEIGHTS, TrainConfig, block_losses, build_drafter, evaluate, forward_blocks,
-                                 export_checkpoint, local_index, make_batch, train, warm_start)
+                                 export_checkpoint, local_index, lr_at, make_batch, train, warm_start)
 from engine import EngineConfig, LLMEngine
 from engine.ngram import NgramIndex
 from tests.helpers import make_tiny_model
@@ -96,6 +96,18 @@ def test_training_lowers_loss_and_resumes_exactly(tiny_caches, tmp_path):
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     assert any(not torch.equal(a, b) for a, b in zip(cut.state_dict().values(), resumed.state_dict().values()))
+    # A run whose folder is gone goes on from its weights-only snapshot (the export): the step count, and with it
+    # the learning rate, carries over; the weights start as the snapshot's.
+    snap = dataclasses.replace(tc, init_from=str(tmp_path / "exported"))
+    at_start = train(target, cache, heldout, folder / "from-snapshot", snap, TAPS, [2], log=lambda *_: None,
+                     start_step=20, stop_after=20)
+    for (name, a), b in zip(cut.state_dict().items(), at_start.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    train(target, cache, heldout, folder / "from-snapshot", snap, TAPS, [2], log=lambda *_: None, start_step=20,
+          stop_after=40)
+    ckpt = torch.load(folder / "from-snapshot" / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 40 and [h["step"] for h in ckpt["history"]] == list(range(21, 41))
+    assert ckpt["history"][0]["lr"] == lr_at(20, tc)
 
 
 def test_warm_start_grows_layers_without_changing_the_drafter_then_trains_on(tiny_caches, tmp_path):
@@ -214,8 +226,8 @@ def paged_block_hidden(model, taps, anchors, anchor_ids, hints):
         tables.append(ctx.pages)
         lens.append(ctx.length)
     meta = build_metadata([(G, n, t) for n, t in zip(lens, tables)], pool.page_size,
-                          cfg.num_attention_heads // cfg.num_key_value_heads, model.device, fused=pool.ops.fused,
-                          causal=False)
+                          cfg.num_attention_heads // cfg.num_key_value_heads, model.device,
+                          backend=pool.ops.attention, causal=False, num_cache_blocks=pool.cache.num_blocks)
     return model.block_hidden_paged(anchor_ids, anchors, meta, pool.cache, pool.ops, hints)
 
 
