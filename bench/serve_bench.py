@@ -1,6 +1,6 @@
 """Serving benchmark over HTTP: TTFT, TPOT, ITL, throughput and goodput at concurrency 1, 4, 16 and 64 for
-speculation `off` and `adaptive`, plus the HTTP path against the in-process engine and the draft actor against the
-in-process drafter.
+speculation `off` and the default mode (`adaptive+lookup`), plus the HTTP path against the in-process engine and the
+draft actor against the in-process drafter.
 
 Load: held-out chat prompts (draft_service.prompts, split "heldout"), greedy, streamed (SSE) chat completions; at
 concurrency C, C clients send requests back to back (each level: a bounded number of requests and a time limit; the
@@ -527,7 +527,7 @@ def main() -> None:
     ap.add_argument("--kv-gb", type=float, default=1.0, help="KV cache per engine")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--concurrency", default=None, help="comma list (default 1,4,16,64; quick 1,4)")
-    ap.add_argument("--modes", default="off,adaptive")
+    ap.add_argument("--modes", default="off,adaptive+lookup")
     ap.add_argument("--max-tokens", type=int, default=None, help="default 128 (quick 32)")
     ap.add_argument("--requests", type=int, default=None, help="per level (default max(8, 3 x C); quick 2 x C)")
     ap.add_argument("--level-time-s", type=float, default=None, help="per level (default 180; quick 60)")

@@ -31,8 +31,8 @@ class EngineConfig(BaseModel):
                                        "an error elsewhere; False: off")
     # Speculative decoding (DSpark).
     drafter: str | None = Field(None, description="'default', a drafter folder, or None for no speculation")
-    speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive (default with a "
-                                    "drafter), the last three optionally +lookup")
+    speculation: str | None = Field(None, description="off | fixed:K | threshold:C | adaptive, the last three "
+                                    "optionally +lookup; None: adaptive+lookup with a drafter")
 
     @field_validator("speculation")
     @classmethod

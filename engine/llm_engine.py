@@ -26,7 +26,7 @@ from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, TapBuffer
-from engine.spec_mode import parse_speculation
+from engine.spec_mode import DEFAULT_SPECULATION, parse_speculation
 from engine.speculator import Speculator
 from engine.step_cost import Curve, StepCostModel
 
@@ -190,7 +190,7 @@ class LLMEngine:
     def _init_speculation(self, service: Drafter) -> None:
         cfg = self.config
         try:
-            mode = parse_speculation(cfg.speculation or "adaptive")
+            mode = parse_speculation(cfg.speculation or DEFAULT_SPECULATION)
             cost = StepCostModel(Curve(*self._profile_forward()), Curve(*self._profile_draft(service)))
         except Exception as exc:  # keep serving without speculation, and say so
             self.drafter_error = f"drafter could not start: {exc}"

@@ -6,6 +6,8 @@ import functools
 from dataclasses import dataclass
 
 MODES = ("off", "fixed", "threshold", "adaptive")
+# The engine's mode with a drafter when none is configured: the spec bench's winner (README, "Results").
+DEFAULT_SPECULATION = "adaptive+lookup"
 
 
 @dataclass(frozen=True)
