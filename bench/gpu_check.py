@@ -7,7 +7,9 @@ the default model's shape and of Qwen3-4B's (fewer layers by default), each with
    is checked against transformers' float64 forward on CPU, and only a gap above NEAR_TIE fails.
 2. A sampled smoke test (T=1, fixed:3, the default dtype): every request finishes, every token is in the
    vocabulary, drafts are verified.
-3. Per shape, in the default dtype: step times at batch 1, 16 and 64 with speculation off and fixed:3 (CUDA
+3. CUDA IPC between two processes over the draft actor's channel (draft_service.actor.SharedCuda): a tensor goes
+   to a child process by handle and a result comes back the same way, as taps and draft probabilities do.
+4. Per shape, in the default dtype: step times at batch 1, 16 and 64 with speculation off and fixed:3 (CUDA
    events around engine.step()), the engine's own SPS(B) curve and draft-round costs from its start-up sweep.
 
 It needs no Ray and no install of the project: run from the repository root with torch, transformers and
@@ -226,6 +228,42 @@ def time_steps(engine, batch: int, mode: str, steps: int, vocab: int) -> dict:
             "tokens_per_step": emitted / steps / batch}
 
 
+def _ipc_child(address: str, authkey: bytes) -> None:
+    """The other end of check_cuda_ipc: reads a shared tensor, answers with its sum and a new shared tensor."""
+    from draft_service.actor import SharedCuda
+    from draft_service.channel import Channel
+
+    channel = Channel.connect(address, authkey)
+    t = channel.recv().tensor()
+    channel.send((t.sum().item(), SharedCuda.of(t * 2)))
+    channel.recv()  # the parent has read the answer: its memory may go
+    channel.close()
+
+
+def check_cuda_ipc(device: str) -> dict:
+    if device != "cuda":
+        return {"ok": None, "why": "needs a GPU"}
+    import multiprocessing
+    import os
+
+    from draft_service.actor import SharedCuda
+    from draft_service.channel import Channel, listen
+
+    authkey = os.urandom(16)
+    listener, address = listen(authkey)
+    child = multiprocessing.get_context("spawn").Process(target=_ipc_child, args=(address, authkey))
+    child.start()
+    channel = Channel(listener.accept())
+    x = torch.arange(4096, dtype=torch.float32, device="cuda")
+    channel.send(SharedCuda.of(x))
+    total, shared = channel.recv(timeout=120)
+    doubled = shared.tensor()
+    ok = total == x.sum().item() and doubled.is_cuda and torch.equal(doubled, x * 2)
+    channel.send("done")
+    child.join(60)
+    return {"ok": bool(ok), "child_exit": child.exitcode}
+
+
 def profile_shape(name: str, folder: Path, device: str, layers: int | None, batches: list[int], steps: int) -> dict:
     target = make_target(folder / f"{name}-target", SHAPES[name], layers, device)
     drafter = make_drafter(folder / f"{name}-drafter", target)
@@ -268,6 +306,8 @@ def main() -> int:
         folder = Path(tmp)
         report["equality_fp32"] = check_equality(folder, args.device, args.quick)
         print("equality:", json.dumps(report["equality_fp32"]), flush=True)
+        report["cuda_ipc"] = check_cuda_ipc(args.device)
+        print("cuda ipc:", json.dumps(report["cuda_ipc"]), flush=True)
         shapes = {"tiny": None} if args.quick else {"smollm2-135m": None, "qwen3-4b": args.layers}
         batches = [1, 4] if args.quick else [1, 16, 64]
         report["shapes"] = {}
@@ -276,7 +316,8 @@ def main() -> int:
                                                    4 if args.quick else args.steps)
             print(name, json.dumps(report["shapes"][name]["steps"]), flush=True)
     report["seconds"] = time.monotonic() - t0
-    report["ok"] = report["equality_fp32"]["ok"] and all(s["sampling"]["ok"] for s in report["shapes"].values())
+    report["ok"] = (report["equality_fp32"]["ok"] and report["cuda_ipc"]["ok"] is not False
+                    and all(s["sampling"]["ok"] for s in report["shapes"].values()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))

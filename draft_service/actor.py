@@ -5,8 +5,10 @@ sequences. It reads the target's embedding and lm_head itself, straight from the
 shares them and checkpoints omit them), so the engine never ships weights. The engine gets a `DraftServiceProxy`,
 which is a Drafter (engine/drafter.py) as the DraftService is. Ray starts, places and restarts the actor and answers
 `info` and `ping`; the per-step calls go over a Unix socket to a thread of the actor (draft_service/channel.py), one
-round trip each, served in order. Tensors travel as CPU tensors. Ray is imported only where it is used: an engine
-process reaches the actor through a proxy without Ray.
+round trip each, served in order. Tensors travel as host buffers, except where the engine and the actor both run on
+a GPU and a probe at connection shows that CUDA IPC works between them: then the taps and the draft probabilities
+travel as CUDA IPC handles (`SharedCuda`) and never leave the device. Ray is imported only where it is used: an
+engine process reaches the actor through a proxy without Ray.
 
 Failure: a proxy call on a dead actor raises, the Speculator falls back to plain decoding, and Ray restarts the actor
 (max_restarts). The restarted actor has no contexts; the first step that names a context it lost raises (see
@@ -107,14 +109,39 @@ class Packed:
         return torch.from_numpy(data).view(getattr(torch, self.dtype)).reshape(self.shape)
 
 
-def pack_syncs(syncs: list[ContextSync]) -> tuple[list[tuple[str, int, int]], Packed | None]:
-    """(key, keep, new rows) per sync, and all the new tap rows in one buffer."""
+@dataclass
+class SharedCuda:
+    """A CUDA tensor passed by handle, as torch.multiprocessing shares one: the receiver maps the sender's device
+    memory, nothing goes through the host. torch keeps the block alive on the sender's side until the receiver
+    drops its tensor, and the receiver's stream waits on an event recorded when the handle was made, so the values
+    it reads are the finished ones. Both processes must see the GPU (the actor sits in the replica's bundle)."""
+    rebuild: object  # torch.multiprocessing.reductions.rebuild_cuda_tensor
+    args: tuple
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> SharedCuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(t.detach().contiguous())
+        return cls(rebuild, args)
+
+    def tensor(self) -> torch.Tensor:
+        return self.rebuild(*self.args)
+
+
+def pack(t: torch.Tensor, share_cuda: bool) -> Packed | SharedCuda:
+    return SharedCuda.of(t) if share_cuda and t.is_cuda else Packed.of(t)
+
+
+def pack_syncs(syncs: list[ContextSync], share_cuda: bool = False,
+               ) -> tuple[list[tuple[str, int, int]], Packed | SharedCuda | None]:
+    """(key, keep, new rows) per sync, and all the new tap rows in one buffer (or one CUDA handle)."""
     rows = [s.taps for s in syncs if s.taps is not None and s.taps.shape[0]]
     meta = [(s.key, s.keep, 0 if s.taps is None else s.taps.shape[0]) for s in syncs]
-    return meta, Packed.of(torch.cat(rows)) if rows else None
+    return meta, pack(torch.cat(rows), share_cuda) if rows else None
 
 
-def unpack_syncs(meta: list[tuple[str, int, int]], packed: Packed | None) -> list[ContextSync]:
+def unpack_syncs(meta: list[tuple[str, int, int]], packed: Packed | SharedCuda | None) -> list[ContextSync]:
     rows = packed.tensor() if packed is not None else None
     out, start = [], 0
     for key, keep, n in meta:
@@ -141,6 +168,7 @@ class DraftActor:
         self.num_steps = 0
         self.step_seconds = 0.0
         self.authkey = os.urandom(16)
+        self.share_cuda = False  # this connection's proxy reads CUDA IPC handles (probe_cuda_ipc)
         self.listener, self.address = listen(self.authkey)
         threading.Thread(target=self._serve, args=(torch.get_num_threads(),), name="draft-channel",
                          daemon=True).start()
@@ -154,12 +182,14 @@ class DraftActor:
             except Exception as exc:  # e.g. a client with the wrong key
                 log.warning("draft channel: refused a connection: %r", exc)
                 continue
+            self.share_cuda = False
             try:
                 while True:
                     op, released, args = channel.recv()
                     try:
                         self.release(released)
-                        reply = ("ok", getattr(self, op)(*args) if op in ("step", "stats") else None)
+                        ops = ("step", "stats", "probe_cuda_ipc")
+                        reply = ("ok", getattr(self, op)(*args) if op in ops else None)
                     except Exception as exc:
                         reply = ("error", exc)
                     try:
@@ -191,7 +221,14 @@ class DraftActor:
         """Where to connect; a restarted actor answers with a new incarnation and address."""
         return {"incarnation": self.incarnation, "address": self.address, "authkey": self.authkey}
 
-    def step(self, syncs: list[tuple[str, int, int]], taps: Packed | None,
+    def probe_cuda_ipc(self, shared: SharedCuda, expect: list[float]) -> bool:
+        """Whether a CUDA tensor the proxy shared by handle reads back here as sent; if so, this connection's
+        draft probabilities go back by handle too."""
+        t = shared.tensor()
+        self.share_cuda = t.is_cuda and self.device.type == "cuda" and t.tolist() == expect
+        return self.share_cuda
+
+    def step(self, syncs: list[tuple[str, int, int]], taps: Packed | SharedCuda | None,
              work: list[DraftWork]) -> tuple[DraftStep | None, bool]:
         """DraftService.step, with the syncs' tap rows packed (see `pack_syncs`) and CPU tensors out. Returns (step,
         whether it used the draft vocabulary): the vocabulary itself never travels per step, the proxy has it from
@@ -205,7 +242,7 @@ class DraftActor:
         used_vocab = step.draft_vocab is not None
         step.draft_vocab = None
         if step.probs is not None:
-            step.probs = Packed.of(step.probs)
+            step.probs = pack(step.probs, self.share_cuda)
         return step, used_vocab
 
     def release(self, keys: list[str]) -> None:
@@ -295,6 +332,25 @@ class DraftServiceProxy:
             self._released.clear()  # a new incarnation holds no contexts
             self.info["incarnation"] = where["incarnation"]
         self.channel = Channel.connect(where["address"], where["authkey"])
+        self.share_cuda = self._probe_cuda_ipc()
+
+    def _probe_cuda_ipc(self) -> bool:
+        """Whether this engine and its actor, both on a GPU, can pass tensors by CUDA IPC handle: a small tensor
+        goes across and must read back as sent. Anything else keeps host buffers (on CPU there is nothing to ask)."""
+        if self.device.type != "cuda" or not str(self.info.get("device", "")).startswith("cuda"):
+            return False
+        try:
+            probe = torch.arange(4, dtype=torch.float32, device=self.device) + 0.5
+            self.channel.send(("probe_cuda_ipc", [], (SharedCuda.of(probe), probe.tolist())))
+            status, ok = self.channel.recv(timeout=self.timeout_s)
+        except (OSError, EOFError, TimeoutError):
+            raise
+        except Exception as exc:
+            status, ok = "error", exc
+        if status != "ok" or ok is not True:
+            log.warning("draft channel: CUDA IPC unavailable (%r); taps and drafts go through host memory", ok)
+            return False
+        return True
 
     def _ready(self) -> None:
         if not self._locating:
@@ -329,7 +385,7 @@ class DraftServiceProxy:
         return value
 
     def step(self, syncs: list[ContextSync], work: list[DraftWork]) -> DraftStep | None:
-        step, used_vocab = self._call("step", *pack_syncs(syncs), work)
+        step, used_vocab = self._call("step", *pack_syncs(syncs, self.share_cuda), work)
         if step is None:
             return None
         if used_vocab:

@@ -19,6 +19,8 @@ def test_gpu_check_runs_on_cpu_and_reports(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["ok"] and report["equality_fp32"]["cpu_vs_device"]["identical"] == 6
     assert report["equality_fp32"]["device_vs_device_fixed3"]["identical"] == 6  # speculation is lossless
+    assert report["equality_fp32"]["device_vs_device_sdpa"]["identical"] == 6
+    assert report["cuda_ipc"] == {"ok": None, "why": "needs a GPU"}
     tiny = report["shapes"]["tiny"]
     assert tiny["sampling"]["ok"] and tiny["sampling"]["draft_tokens"] > 0
     assert set(tiny["steps"]) == {"off@1", "fixed:3@1", "off@4", "fixed:3@4"}
