@@ -158,7 +158,10 @@ def _flex_block_mask(seqs, block_size: int, num_cache_blocks: int, device: torch
             j += 1
         rows.append(list(blocks))
     width = max(len(r) for r in rows)
-    kv_indices = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    listed = to_device(torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32), device)
+    # Rows as wide as the cache, as compiled flex_attention wants them; filled on the device (a few KB a row there).
+    kv_indices = torch.zeros((len(rows), num_cache_blocks), dtype=torch.int32, device=device)
+    kv_indices[:, :width] = listed
     kv_num_blocks = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     # [sequences, max blocks] padded with a spare column num_cache_blocks, which the scatter fills and we drop.
     max_blocks = max(len(t) for _, _, t in spans)
@@ -174,8 +177,8 @@ def _flex_block_mask(seqs, block_size: int, num_cache_blocks: int, device: torch
         block = to_logical[doc_t[q_idx], kv_idx // block_size]
         return (block >= 0) & (block * block_size + kv_idx % block_size <= limit_t[q_idx])
 
-    return BlockMask.from_kv_blocks(to_device(kv_num_blocks, device)[None, None],
-                                    to_device(kv_indices, device)[None, None], BLOCK_SIZE=(Q, block_size),
+    return BlockMask.from_kv_blocks(to_device(kv_num_blocks, device)[None, None], kv_indices[None, None],
+                                    BLOCK_SIZE=(Q, block_size),
                                     mask_mod=mask_mod, seq_lengths=(T, num_cache_blocks * block_size),
                                     compute_q_blocks=False)
 
@@ -216,8 +219,10 @@ def _flex(q, k_cache, v_cache, block_mask, scale) -> torch.Tensor:
     N, bs, Hkv, _ = v_cache.shape
     k = k_cache.view(1, N * bs, Hkv, D).transpose(1, 2)
     v = v_cache.view(1, N * bs, Hkv, D).transpose(1, 2)
+    # The kernel's tiles are the mask's blocks (16 packed tokens by one cache block), as the lists assume.
+    options = {"BLOCK_M": FLEX_Q_BLOCK, "BLOCK_N": bs, "FORCE_USE_FLEX_ATTENTION": True} if q.is_cuda else None
     o = _flex_attention(q.is_cuda)(q.transpose(0, 1)[None], k, v, block_mask=block_mask, scale=scale,
-                                   enable_gqa=Hkv != H)
+                                   enable_gqa=Hkv != H, kernel_options=options)
     return o[0].transpose(0, 1).reshape(T, H * D)
 
 

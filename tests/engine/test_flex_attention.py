@@ -95,6 +95,31 @@ def test_flex_block_lists_cover_every_visible_key_once(causal):
     check_block_lists(meta.flex, specs, tables, causal)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_compiled_flex_reads_the_listed_blocks_and_matches(causal):
+    """flex_attention compiled as on a GPU (inductor's CPU kernel here), which loads only the blocks the mask lists:
+    it matches plain attention, and drops keys when a listed block is taken off."""
+    from engine.attention import _flex_attention
+
+    kc, vc, tables, keys, values = make_batch(torch.float32, seed=9)
+    specs = SPECS if causal else [(min(7, L), L) for _, L in SPECS]
+    meta = build_metadata([(n, L - n, t) for (n, L), t in zip(specs, tables)], BS, H // HKV, torch.device("cpu"),
+                          backend="flex", causal=causal, num_cache_blocks=NBLOCKS)
+    q = torch.randn(sum(n for n, _ in specs), H, D)
+    k = kc.view(1, NBLOCKS * BS, HKV, D).transpose(1, 2)
+    v = vc.view(1, NBLOCKS * BS, HKV, D).transpose(1, 2)
+    compiled = _flex_attention(True)
+
+    def attend():
+        o = compiled(q.transpose(0, 1)[None], k, v, block_mask=meta.flex, scale=0.3, enable_gqa=True)
+        return o[0].transpose(0, 1).reshape(q.shape[0], -1)
+
+    out = attend()
+    torch.testing.assert_close(out.double(), reference(q, keys, values, specs, 0.3, causal), rtol=2e-5, atol=2e-5)
+    meta.flex.kv_num_blocks[..., 0] -= 1  # the first row's last listed block, which its tokens see
+    assert (attend() - out)[:FLEX_Q_BLOCK].abs().max() > 1e-3
+
+
 def check_block_lists(mask, specs, tables, causal):
     nums = mask.kv_num_blocks[0, 0].tolist()
     rows = [r[:n] for r, n in zip(mask.kv_indices[0, 0].tolist(), nums)]
