@@ -98,19 +98,8 @@ def engine_for(target: Path, drafter: Path | None, device: str, dtype: str, spec
                kv_gb: float = 1.0, max_num_seqs: int = 64, attention: str = "auto"):
     """`attention`: DSPARK_ATTENTION while the engine is built (on a GPU: auto is flex_attention; sdpa the fallback)."""
     import os
+    from unittest import mock
 
-    previous = os.environ.get("DSPARK_ATTENTION")
-    os.environ["DSPARK_ATTENTION"] = attention
-    try:
-        return _engine(target, drafter, device, dtype, speculation, kv_gb, max_num_seqs)
-    finally:
-        if previous is None:
-            os.environ.pop("DSPARK_ATTENTION")
-        else:
-            os.environ["DSPARK_ATTENTION"] = previous
-
-
-def _engine(target, drafter, device, dtype, speculation, kv_gb, max_num_seqs):
     from draft_service.service import load_for_engine
     from engine import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -120,7 +109,8 @@ def _engine(target, drafter, device, dtype, speculation, kv_gb, max_num_seqs):
                           drafter=str(drafter) if drafter else None, speculation=speculation)
     # The drafter from its folder directly: the project need not be installed (no entry point) on the GPU machine.
     factory = functools.partial(load_for_engine, str(drafter)) if drafter else None
-    engine = LLMEngine(config, drafter_factory=factory)
+    with mock.patch.dict(os.environ, {"DSPARK_ATTENTION": attention}):  # engine.ops.Ops reads it as it is built
+        engine = LLMEngine(config, drafter_factory=factory)
     if drafter and engine.speculator is None:
         raise RuntimeError(f"the drafter did not load: {engine.drafter_error}")
     return engine

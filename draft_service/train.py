@@ -343,7 +343,7 @@ def train(target, train_cache: Cache, eval_cache: Cache | None, out: Path, tc: T
     to_local = local_index(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    step, history = (0, []) if state is not None or not tc.init_from else (start_step, [])
+    step, history = start_step if state is None and tc.init_from else 0, []
     rng = random.Random(tc.seed + step)  # a resumed snapshot draws other samples than the steps it already took
     if state is not None:
         model.load_state_dict(state["model"], strict=False)

@@ -97,12 +97,12 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
     for q_len, start, table in seqs:
         for pos in range(start, start + q_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
+    slot_mapping = to_device(torch.tensor(slots, dtype=torch.long), device)
     if backend == "flex":
         if num_cache_blocks is None:
             raise ValueError("the flex backend needs num_cache_blocks")
         mask = _flex_block_mask(seqs, block_size, num_cache_blocks, device, causal)
-        return AttentionMetadata(to_device(torch.tensor(slots, dtype=torch.long), device), None, [],
-                                 k_transposed=False, causal=causal, flex=mask)
+        return AttentionMetadata(slot_mapping, None, [], k_transposed=False, causal=causal, flex=mask)
     fused = backend == "kernel"
     n_small = sum(1 for s in seqs if s[0] <= small_query) if causal else len(seqs)
     assert all(s[0] <= small_query for s in seqs[:n_small]), "short queries must come first"
@@ -121,7 +121,6 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], block_size: int, q_pe
             mask = to_device((keys[None, :] <= start + torch.arange(q_len)[:, None])[None, None], device)
         prefills.append(PrefillChunk(row, q_len, start, to_device(torch.tensor(table[:nb]), device), mask))
         row += q_len
-    slot_mapping = to_device(torch.tensor(slots, dtype=torch.long), device)
     return AttentionMetadata(slot_mapping, group, prefills, k_transposed=fused,
                              causal=causal)
 
@@ -152,7 +151,7 @@ def _flex_block_mask(seqs, block_size: int, num_cache_blocks: int, device: torch
         blocks: dict[int, None] = {}
         j = s
         while j < len(spans) and spans[j][0] < hi:
-            first, end, table = spans[j]
+            _, end, table = spans[j]
             last_key = limit[min(end, hi) - 1]  # limits grow along a sequence's tokens
             blocks.update(dict.fromkeys(table[: last_key // block_size + 1]))
             j += 1

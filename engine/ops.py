@@ -133,7 +133,7 @@ class Ops:
 
     def rope_and_cache(self, qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads, q_norm, k_norm, eps):
         """Returns q [T, H, D] after the optional q/k norm and RoPE; writes k and v into the caches."""
-        if self.k is not None and self.attention == "kernel":  # the kernel writes K in the kernel's layouts
+        if self.attention == "kernel":  # the kernel writes K in the kernel attention's layouts
             return self.k.rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads,
                                          q_norm, k_norm, eps)
         T, D = qkv.shape[0], k_cache.shape[-1]
