@@ -48,12 +48,16 @@ class Linear:
       scales, about a quarter of the bytes.
     The row limits below are where each path stopped winning on the CPUs we measured; see docs/benchmarks.md.
 
-    `invariant=True` (the engine's deterministic mode) runs every row count through `linear_panels`, which gives
-    every output one FMA chain over k in order whatever the number of rows: a row's result no longer depends on the
-    batch it came in. Its weight is held in panels of 16 outputs ([N / 16, K, 16], `panels`), in the fewest bytes
-    that hold its values exactly (bf16 or Q8_0, as above; the same bits from any of them); a Q8_0 weight also keeps
-    fp32 panels for more than PANEL_COMPACT_ROWS rows, where widening int8 costs more than the bytes it saves. No
-    oneDNN or linear_small copy is kept."""
+    `invariant=True` (the engine's deterministic mode) runs every row count through one kernel whose arithmetic for
+    an output does not depend on the number of rows, so a row's result no longer depends on the batch it came in:
+    - a bf16 weight with AVX512-BF16: `linear_bf16` over its tiles at every row count. Each output is one chain of
+      vdpbf16ps over k, its 16 lanes then summed in a fixed order, whatever the rows' blocking; it multiplies twice
+      the pairs an instruction of the FMA chains below, which bind at a verify's or a batch's rows;
+    - otherwise `linear_panels`, which gives every output one FMA chain over k in order. Its weight is held in panels
+      of 16 outputs ([N / 16, K, 16], `panels`), in the fewest bytes that hold its values exactly (bf16 or Q8_0, as
+      above; the same bits from any of them); a Q8_0 weight also keeps fp32 panels for more than PANEL_COMPACT_ROWS
+      rows, where widening int8 costs more than the bytes it saves.
+    No oneDNN or linear_small copy is kept."""
 
     PACKED_DTYPES = (torch.bfloat16, torch.float32)
     SMALL_ROWS = 8  # the kernel's limit; it beats oneDNN up to there in fp32, bf16 and Q8_0
@@ -67,6 +71,7 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.invariant = invariant
         self._panels = None  # invariant: (compact panels, their Q8_0 scales or None, fp32 panels or None, padded bias)
+        self._bf16_tiles = None  # invariant, a bf16 weight with AVX512-BF16: its tiles for linear_bf16
         self._packed = None
         self._small = None
         self._small_weight = weight
@@ -77,7 +82,11 @@ class Linear:
             if not invariant_possible(weight):
                 raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with "
                                  "AVX2 + FMA or AVX-512, float32 or bfloat16, in_features a multiple of 32)")
-            self._kernels, self._panels = cpu_kernels(), self._invariant_panels(weight, bias)
+            self._kernels = cpu_kernels()
+            if weight.dtype == torch.bfloat16 and self._kernels.has_linear_bf16():
+                self._bf16, self._bf16_tiles = self._kernels, tile_bf16(weight)
+            else:
+                self._panels = self._invariant_panels(weight, bias)
             self.weight = self._small_weight = None
             return
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
@@ -122,6 +131,8 @@ class Linear:
     def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
         """(kind, weight, q8 scales, bias) of what runs x of `dtype`, `rows` contiguous rows (None: x is not that),
         kind one of the LINEAR_* below (engine/csrc's LinearKernel); None where F.linear does."""
+        if self._bf16_tiles is not None:  # x is bf16 as the weight: F.linear takes no mixed dtypes either
+            return LINEAR_BF16, self._bf16_tiles, None, self.bias
         if self._panels is not None:
             compact, scales, fp32, bias = self._panels
             if fp32 is not None and (rows is None or rows > self.PANEL_COMPACT_ROWS):
