@@ -71,7 +71,6 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.invariant = invariant
         self._panels = None  # invariant: (compact panels, their Q8_0 scales or None, fp32 panels or None, padded bias)
-        self._bf16_tiles = None  # invariant, a bf16 weight with AVX512-BF16: its tiles for linear_bf16
         self._packed = None
         self._small = None
         self._small_weight = weight
@@ -82,12 +81,11 @@ class Linear:
             if not invariant_possible(weight):
                 raise ValueError("a batch-invariant linear needs the engine's CPU kernels (engine/csrc: a CPU with "
                                  "AVX2 + FMA or AVX-512, float32 or bfloat16, in_features a multiple of 32)")
-            self._kernels = cpu_kernels()
+            self._kernels, self.weight, self._small_weight = cpu_kernels(), None, None
             if weight.dtype == torch.bfloat16 and self._kernels.has_linear_bf16():
-                self._bf16, self._bf16_tiles = self._kernels, tile_bf16(weight)
+                self._bf16, self._small_weight = self._kernels, tile_bf16(weight)  # linear_bf16's tiles, as below
             else:
                 self._panels = self._invariant_panels(weight, bias)
-            self.weight = self._small_weight = None
             return
         cpu = weight.device.type == "cpu" and weight.dtype in self.PACKED_DTYPES
         if cpu and torch.backends.mkldnn.is_available():
@@ -131,8 +129,8 @@ class Linear:
     def call_args(self, rows: int | None, dtype: torch.dtype) -> tuple | None:
         """(kind, weight, q8 scales, bias) of what runs x of `dtype`, `rows` contiguous rows (None: x is not that),
         kind one of the LINEAR_* below (engine/csrc's LinearKernel); None where F.linear does."""
-        if self._bf16_tiles is not None:  # x is bf16 as the weight: F.linear takes no mixed dtypes either
-            return LINEAR_BF16, self._bf16_tiles, None, self.bias
+        if self.invariant and self._bf16 is not None:  # x is bf16 as the weight: F.linear takes no mixed dtypes
+            return LINEAR_BF16, self._small_weight, None, self.bias
         if self._panels is not None:
             compact, scales, fp32, bias = self._panels
             if fp32 is not None and (rows is None or rows > self.PANEL_COMPACT_ROWS):
